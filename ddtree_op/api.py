@@ -1,0 +1,81 @@
+"""`mla_tree_verify`: the public verify step (combined indices, compact mask, attention)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import ops
+from .checks import check_verify_inputs, check_verify_shapes, kv_rows
+from .prep import PACKED_MASK_BITS
+
+
+def _eager_checks_enabled() -> bool:
+    if torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+        return False
+    return os.environ.get("DDTREE_CHECK", "0") == "1"
+
+
+def mask_words_per_row(tree_mask: torch.Tensor, mask_layout: str, num_rows: int, max_draft_len: int | None) -> int:
+    """64-bit words per draft row of the compact mask; a function of shapes and static ints only."""
+    if mask_layout == "packed":
+        bound = PACKED_MASK_BITS[tree_mask.dtype]
+    else:
+        bound = max_draft_len if max_draft_len is not None else num_rows
+    if max_draft_len is not None:
+        bound = min(bound, max_draft_len)
+    return max(1, (bound + 63) // 64)
+
+
+def mla_tree_verify(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    *,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    tree_mask: torch.Tensor,
+    mask_indptr: torch.Tensor | None = None,
+    sm_scale: float,
+    mask_layout: str = "full",
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    max_draft_len: int | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tree-masked MLA attention of the verify step of tree speculative decoding.
+
+    q [T_pad, H, 576] bf16/fp16; kv_cache [S, 576] or [S, 1, 576] (same dtype, row stride >= 576).
+    Request b's keys are its prefix `kv_indices[kv_indptr[b]:kv_indptr[b+1]]` followed by its
+    drafts `out_cache_loc[qo_indptr[b]:qo_indptr[b+1]]`; V is the first 512 columns of each key row.
+    tree_mask follows `mask_layout` ("full", "qlen" or "packed"; see README). `max_draft_len`
+    (optional, static) bounds the drafts of one request and sizes the compact mask; without it
+    the bound is T_pad (or the packed dtype's width). `backend` is "auto", "triton", "cutlass"
+    or "reference" ("auto" picks the fastest kernel for the device; CPU always runs the reference).
+
+    Returns (out [T_pad, H, 512] dtype of q, lse [T_pad, H] float32), written into `out`/`lse`
+    when given. Rows past qo_indptr[B] get out 0 and lse -inf.
+    """
+    check_verify_shapes(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, sm_scale, mask_layout, out, lse, max_draft_len)
+    if _eager_checks_enabled():
+        check_verify_inputs(
+            q, kv_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, out_cache_loc=out_cache_loc,
+            tree_mask=tree_mask, mask_indptr=mask_indptr, sm_scale=sm_scale, mask_layout=mask_layout,
+            out=out, lse=lse, max_draft_len=max_draft_len,
+        )
+    rows = kv_rows(kv_cache)
+    num_rows = q.shape[0]
+    verify_indptr, verify_indices = ops.build_verify_indices(qo_indptr, kv_indptr, kv_indices, out_cache_loc)
+    words = mask_words_per_row(tree_mask, mask_layout, num_rows, max_draft_len)
+    mask_words = ops.convert_tree_mask(tree_mask, mask_indptr, qo_indptr, kv_indptr, mask_layout, num_rows, words)
+    sm_scale = float(sm_scale)
+    if out is None and lse is None:
+        return ops.tree_attention(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend)
+    if out is None:
+        out = q.new_empty((q.shape[0], q.shape[1], 512))
+    if lse is None:
+        lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
+    ops.tree_attention_into(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend)
+    return out, lse

@@ -1,0 +1,185 @@
+"""Argument checks for the verify step.
+
+`check_verify_shapes` reads only shapes, dtypes, strides and devices, so it always runs (also
+while tracing and capturing). `check_verify_inputs` reads index values on the host; it is for
+eager debugging (`DDTREE_CHECK=1`) and tests, never inside capture or compile.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .prep import MASK_LAYOUTS, PACKED_MASK_BITS
+from .reference import LATENT_DIM, QK_DIM
+
+INDEX_DTYPES = (torch.int32, torch.int64)
+ATTENTION_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _fail(name: str, expected: str, got: str) -> None:
+    raise ValueError(f"ddtree_op: argument '{name}' must be {expected}, got {got}")
+
+
+def _check_tensor(name: str, t, *, ndim: int | None = None, dtypes=None, device=None) -> None:
+    if not isinstance(t, torch.Tensor):
+        _fail(name, "a torch.Tensor", type(t).__name__)
+    if ndim is not None and t.dim() != ndim:
+        _fail(name, f"{ndim}-dimensional", f"shape {tuple(t.shape)}")
+    if dtypes is not None and t.dtype not in dtypes:
+        _fail(name, f"of dtype {' or '.join(str(d) for d in dtypes)}", str(t.dtype))
+    if device is not None and t.device != device:
+        _fail(name, f"on {device} (the device of q)", str(t.device))
+
+
+def kv_rows(kv_cache: torch.Tensor) -> torch.Tensor:
+    """[S, 576] view of a `[S, 576]` or `[S, 1, 576]` KV pool (no copy)."""
+    return kv_cache.select(1, 0) if kv_cache.dim() == 3 else kv_cache
+
+
+def check_verify_shapes(
+    q,
+    kv_cache,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    out_cache_loc,
+    tree_mask,
+    mask_indptr,
+    sm_scale,
+    mask_layout,
+    out=None,
+    lse=None,
+    max_draft_len=None,
+) -> None:
+    _check_tensor("q", q, ndim=3, dtypes=ATTENTION_DTYPES)
+    dev = q.device
+    if q.shape[-1] != QK_DIM:
+        _fail("q", f"[T, H, {QK_DIM}]", f"shape {tuple(q.shape)}")
+    if q.stride(-1) != 1:
+        _fail("q", "contiguous in its last dimension", f"strides {q.stride()}")
+
+    _check_tensor("kv_cache", kv_cache, device=dev)
+    if kv_cache.dim() not in (2, 3) or kv_cache.shape[-1] != QK_DIM or (kv_cache.dim() == 3 and kv_cache.shape[1] != 1):
+        _fail("kv_cache", f"[S, {QK_DIM}] or [S, 1, {QK_DIM}]", f"shape {tuple(kv_cache.shape)}")
+    if kv_cache.dtype != q.dtype:
+        _fail("kv_cache", f"of the dtype of q ({q.dtype})", str(kv_cache.dtype))
+    rows = kv_rows(kv_cache)
+    if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) < QK_DIM):
+        _fail("kv_cache", f"contiguous in its last dimension with row stride >= {QK_DIM}", f"strides {kv_cache.stride()}")
+
+    for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices), ("out_cache_loc", out_cache_loc)):
+        _check_tensor(name, t, ndim=1, dtypes=INDEX_DTYPES, device=dev)
+    if qo_indptr.numel() < 1:
+        _fail("qo_indptr", "of length B+1 >= 1", "an empty tensor")
+    batch = qo_indptr.numel() - 1
+    if kv_indptr.numel() < batch + 1:
+        _fail("kv_indptr", f"of length >= B+1 = {batch + 1} (B from qo_indptr)", f"length {kv_indptr.numel()}")
+
+    if mask_layout not in MASK_LAYOUTS:
+        _fail("mask_layout", f"one of {MASK_LAYOUTS}", repr(mask_layout))
+    _check_tensor("tree_mask", tree_mask, device=dev)
+    if mask_layout == "packed":
+        if tree_mask.dtype not in PACKED_MASK_BITS:
+            _fail("tree_mask", "an integer tensor for mask_layout 'packed' (uint8, int16, uint16, int32, uint32, int64)", str(tree_mask.dtype))
+        if tree_mask.dim() != 1:
+            _fail("tree_mask", "1-dimensional (one word per draft row) for mask_layout 'packed'", f"shape {tuple(tree_mask.shape)}")
+        if max_draft_len is not None and max_draft_len > PACKED_MASK_BITS[tree_mask.dtype]:
+            _fail("max_draft_len", f"<= {PACKED_MASK_BITS[tree_mask.dtype]} for a {tree_mask.dtype} packed mask", str(max_draft_len))
+    elif tree_mask.dtype not in (torch.bool, torch.uint8):
+        _fail("tree_mask", f"bool or uint8 for mask_layout {mask_layout!r}", str(tree_mask.dtype))
+    if mask_indptr is None:
+        if mask_layout == "full":
+            _fail("mask_indptr", "a tensor for mask_layout 'full'", "None")
+    else:
+        _check_tensor("mask_indptr", mask_indptr, ndim=1, dtypes=INDEX_DTYPES, device=dev)
+        if mask_indptr.numel() < batch + 1:
+            _fail("mask_indptr", f"of length >= B+1 = {batch + 1}", f"length {mask_indptr.numel()}")
+
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (float, int)) or not math.isfinite(sm_scale):
+        _fail("sm_scale", "a finite float", repr(sm_scale))
+    if max_draft_len is not None and (not isinstance(max_draft_len, int) or max_draft_len < 1):
+        _fail("max_draft_len", "a positive int or None", repr(max_draft_len))
+
+    tokens, heads = q.shape[0], q.shape[1]
+    if out is not None:
+        _check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=dev)
+        if tuple(out.shape) != (tokens, heads, LATENT_DIM):
+            _fail("out", f"of shape {(tokens, heads, LATENT_DIM)}", f"shape {tuple(out.shape)}")
+    if lse is not None:
+        _check_tensor("lse", lse, ndim=2, dtypes=(torch.float32,), device=dev)
+        if tuple(lse.shape) != (tokens, heads):
+            _fail("lse", f"of shape {(tokens, heads)}", f"shape {tuple(lse.shape)}")
+
+
+def _check_monotone(name: str, indptr: torch.Tensor) -> None:
+    if indptr.numel() > 1 and bool((indptr[1:] < indptr[:-1]).any()):
+        raise ValueError(f"ddtree_op: argument '{name}' must be non-decreasing, got {indptr.tolist()}")
+
+
+def _check_slots(name: str, slots: torch.Tensor, num_slots: int) -> None:
+    if slots.numel() and bool(((slots < 0) | (slots >= num_slots)).any()):
+        bad = slots[(slots < 0) | (slots >= num_slots)][:4].tolist()
+        raise ValueError(f"ddtree_op: argument '{name}' holds slot ids outside [0, {num_slots}) (the rows of kv_cache): {bad}")
+
+
+def check_verify_inputs(
+    q,
+    kv_cache,
+    *,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    out_cache_loc,
+    tree_mask,
+    mask_indptr=None,
+    sm_scale,
+    mask_layout="full",
+    out=None,
+    lse=None,
+    max_draft_len=None,
+) -> None:
+    """Every check of `mla_tree_verify`, including those that read index values (host sync)."""
+    check_verify_shapes(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, sm_scale, mask_layout, out, lse, max_draft_len)
+    batch = qo_indptr.numel() - 1
+    qo = qo_indptr.long().cpu()
+    kv = kv_indptr[: batch + 1].long().cpu()
+    if int(qo[0]) != 0:
+        raise ValueError(f"ddtree_op: argument 'qo_indptr' must start at 0, got {int(qo[0])}")
+    _check_monotone("qo_indptr", qo)
+    _check_monotone("kv_indptr", kv)
+    num_rows = int(qo[-1])
+    if num_rows > q.shape[0]:
+        raise ValueError(f"ddtree_op: argument 'q' has {q.shape[0]} rows but qo_indptr[B] = {num_rows} (T_pad >= qo_indptr[B] is required)")
+    if num_rows > out_cache_loc.numel():
+        raise ValueError(f"ddtree_op: argument 'out_cache_loc' has {out_cache_loc.numel()} entries but qo_indptr[B] = {num_rows}")
+    if int(kv[0]) < 0 or int(kv[-1]) > kv_indices.numel():
+        raise ValueError(f"ddtree_op: argument 'kv_indptr' spans [{int(kv[0])}, {int(kv[-1])}) but kv_indices has {kv_indices.numel()} entries")
+    num_slots = kv_cache.shape[0]
+    _check_slots("kv_indices", kv_indices[int(kv[0]) : int(kv[-1])], num_slots)
+    _check_slots("out_cache_loc", out_cache_loc[:num_rows], num_slots)
+
+    draft_len = qo[1:] - qo[:-1]
+    longest = int(draft_len.max()) if batch else 0
+    if mask_layout == "packed":
+        width = PACKED_MASK_BITS[tree_mask.dtype]
+        if longest > width:
+            raise ValueError(f"ddtree_op: argument 'tree_mask' is {tree_mask.dtype} ({width} bits per row) but a request has {longest} drafts")
+        if tree_mask.numel() < num_rows:
+            raise ValueError(f"ddtree_op: argument 'tree_mask' has {tree_mask.numel()} rows, qo_indptr[B] = {num_rows} are read")
+    elif batch:
+        if mask_layout == "full":
+            block = draft_len * (kv[1:] - kv[:-1] + draft_len)
+        else:
+            block = draft_len * draft_len
+        if mask_indptr is not None:
+            start = mask_indptr[:batch].long().cpu()
+            _check_monotone("mask_indptr", mask_indptr[: batch + 1].long().cpu())
+        else:
+            start = torch.cumsum(block, 0) - block
+        needed = int((start + block).max())
+        if needed > tree_mask.numel():
+            raise ValueError(f"ddtree_op: argument 'tree_mask' has {tree_mask.numel()} entries but the {mask_layout!r} layout reads up to {needed}")
+    if max_draft_len is not None and longest > max_draft_len:
+        raise ValueError(f"ddtree_op: argument 'max_draft_len' is {max_draft_len} but a request has {longest} drafts")

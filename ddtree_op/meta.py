@@ -1,0 +1,29 @@
+"""Fake (meta) implementations: output metadata from input shapes only, for torch.compile."""
+
+from __future__ import annotations
+
+import torch
+
+from .reference import LATENT_DIM
+
+
+def build_verify_indices_fake(qo_indptr, kv_indptr, kv_indices, out_cache_loc):
+    batch = qo_indptr.shape[0] - 1
+    verify_indptr = qo_indptr.new_empty(batch + 1, dtype=torch.int32)
+    verify_indices = qo_indptr.new_empty(kv_indices.shape[0] + out_cache_loc.shape[0], dtype=torch.int32)
+    return verify_indptr, verify_indices
+
+
+def convert_tree_mask_fake(tree_mask, mask_indptr, qo_indptr, kv_indptr, layout, num_rows, words_per_row):
+    return qo_indptr.new_empty((num_rows, words_per_row), dtype=torch.int64)
+
+
+def tree_attention_fake(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend="auto"):
+    tokens, heads = q.shape[0], q.shape[1]
+    out = q.new_empty((tokens, heads, LATENT_DIM))
+    lse = q.new_empty((tokens, heads), dtype=torch.float32)
+    return out, lse
+
+
+def tree_attention_into_fake(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend="auto"):
+    return None

@@ -1,0 +1,59 @@
+"""The custom ops in `torch.ops.ddtree`: schemas, CPU/CUDA implementations, fake implementations.
+
+Schemas are defined from Python so that the ops, their CPU reference and their fakes exist on a
+CPU-only install with no compiled library. CUDA kernels are chosen in `backends.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import backends, meta, prep
+from .reference import LATENT_DIM
+
+_lib = torch.library.Library("ddtree", "DEF")  # module-level: the ops live as long as this
+
+_lib.define(
+    "build_verify_indices(Tensor qo_indptr, Tensor kv_indptr, Tensor kv_indices, Tensor out_cache_loc)"
+    " -> (Tensor verify_indptr, Tensor verify_indices)"
+)
+_lib.define(
+    "convert_tree_mask(Tensor tree_mask, Tensor? mask_indptr, Tensor qo_indptr, Tensor kv_indptr,"
+    " str layout, SymInt num_rows, SymInt words_per_row) -> Tensor"
+)
+_ATTENTION_ARGS = (
+    "Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor verify_indptr, Tensor verify_indices,"
+    " Tensor mask_words, float sm_scale"
+)
+_lib.define(f"tree_attention({_ATTENTION_ARGS}, str backend='auto') -> (Tensor out, Tensor lse)")
+_lib.define(f"tree_attention_into({_ATTENTION_ARGS}, Tensor(a!) out, Tensor(b!) lse, str backend='auto') -> ()")
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("build_verify_indices", prep.build_verify_indices, _key)
+    _lib.impl("convert_tree_mask", prep.convert_tree_mask, _key)
+
+
+def _tree_attention_into(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend="auto"):
+    backends.run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend)
+
+
+def _tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend="auto"):
+    out = q.new_empty((q.shape[0], q.shape[1], LATENT_DIM))
+    lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
+    _tree_attention_into(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend)
+    return out, lse
+
+
+for _key in ("CPU", "CUDA"):
+    _lib.impl("tree_attention", _tree_attention, _key)
+    _lib.impl("tree_attention_into", _tree_attention_into, _key)
+
+torch.library.register_fake("ddtree::build_verify_indices", meta.build_verify_indices_fake, lib=_lib)
+torch.library.register_fake("ddtree::convert_tree_mask", meta.convert_tree_mask_fake, lib=_lib)
+torch.library.register_fake("ddtree::tree_attention", meta.tree_attention_fake, lib=_lib)
+torch.library.register_fake("ddtree::tree_attention_into", meta.tree_attention_into_fake, lib=_lib)
+
+build_verify_indices = torch.ops.ddtree.build_verify_indices.default
+convert_tree_mask = torch.ops.ddtree.convert_tree_mask.default
+tree_attention = torch.ops.ddtree.tree_attention.default
+tree_attention_into = torch.ops.ddtree.tree_attention_into.default
