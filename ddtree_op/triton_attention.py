@@ -1,0 +1,234 @@
+"""Triton fallback of the attention op over combined indices (any CUDA GPU Triton supports).
+
+Structure (see docs in kernel notes): a program owns BLOCK_M packed (draft row, head) rows of one
+request, so every gathered 576-wide KV row is loaded once for all of them. The request's keys
+are [prefix ‖ drafts] through `verify_indices`; the prefix loop needs no mask, the draft loop
+reads one 64-bit mask word per (row, column). The key range can be split across programs
+(NUM_SPLITS, chosen from shapes only); a combine kernel merges the partials by LSE.
+
+Grid, workspace and launch depend on tensor shapes only: each program finds its request from
+qo_indptr on the device, so the launch replays under CUDA graphs with new lengths.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+D_LATENT = 512
+D_ROPE = 64
+
+
+@triton.jit
+def _attend_tile(
+    m_i, l_i, acc, q_latent, q_rope, kv_ptr, stride_kv, verify_indices_ptr, kv_lo,
+    kv0, kv_end, prefix_len, mask_row_ptr, row_ok, scale_log2,
+    IS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    cols = kv0 + tl.arange(0, BLOCK_N)
+    col_ok = cols < kv_end
+    slot = tl.load(verify_indices_ptr + kv_lo + cols, mask=col_ok, other=0).to(tl.int64)
+    key_row = kv_ptr + slot * stride_kv
+    k_latent = tl.load(key_row[:, None] + tl.arange(0, D_LATENT)[None, :], mask=col_ok[:, None], other=0.0)
+    k_rope = tl.load(key_row[:, None] + D_LATENT + tl.arange(0, D_ROPE)[None, :], mask=col_ok[:, None], other=0.0)
+    scores = tl.dot(q_latent, tl.trans(k_latent))
+    scores = tl.dot(q_rope, tl.trans(k_rope), scores)
+    scores = scores * scale_log2
+    visible = col_ok[None, :]
+    if IS_DRAFT:
+        draft_col = cols - prefix_len
+        word = tl.load(mask_row_ptr[:, None] + (draft_col // 64)[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0)
+        visible = visible & (((word >> (draft_col % 64)[None, :].to(tl.int64)) & 1) != 0)
+    scores = tl.where(visible, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that saw nothing yet stay at 0
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(scores - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(k_latent.dtype), k_latent, acc)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _tree_attention_kernel(
+    q_ptr, stride_qt, stride_qh,
+    kv_ptr, stride_kv,
+    qo_indptr_ptr, verify_indptr_ptr, verify_indices_ptr,
+    mask_ptr, stride_mask,
+    out_ptr, stride_ot, stride_oh,
+    lse_ptr, stride_lt, stride_lh,
+    part_out_ptr, part_lse_ptr,
+    num_tokens, batch, scale_log2,
+    HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BATCH_POW2: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):
+    pid_block = tl.program_id(0)
+    pid_split = tl.program_id(1)
+
+    # Device-side schedule: request b owns ceil(n_b * H / BLOCK_M) consecutive row blocks.
+    req = tl.arange(0, BATCH_POW2)
+    in_batch = req < batch
+    row_lo = tl.load(qo_indptr_ptr + req, mask=in_batch, other=0)
+    row_hi = tl.load(qo_indptr_ptr + req + 1, mask=in_batch, other=0)
+    blocks = (((row_hi - row_lo) * HEADS + BLOCK_M - 1) // BLOCK_M).to(tl.int32)
+    blocks_end = tl.cumsum(blocks, 0)
+    total_blocks = tl.sum(blocks, 0)
+    r = tl.arange(0, BLOCK_M)
+    dv = tl.arange(0, D_LATENT)
+
+    if pid_block >= total_blocks:
+        # Leftover programs zero the padding rows t >= qo_indptr[B] (out 0, lse -inf).
+        if pid_split == 0:
+            pad_row = tl.load(qo_indptr_ptr + batch).to(tl.int64) * HEADS + (pid_block - total_blocks) * BLOCK_M + r
+            pad_ok = pad_row < num_tokens * HEADS
+            t = pad_row // HEADS
+            h = pad_row % HEADS
+            tl.store(out_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + dv[None, :],
+                     tl.zeros([BLOCK_M, D_LATENT], out_ptr.dtype.element_ty), mask=pad_ok[:, None])
+            tl.store(lse_ptr + t * stride_lt + h * stride_lh, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=pad_ok)
+    else:
+        b = tl.sum((blocks_end <= pid_block).to(tl.int32), 0)
+        first_block = tl.sum(tl.where(req < b, blocks, 0), 0)
+        q_lo = tl.load(qo_indptr_ptr + b).to(tl.int64)
+        num_draft = tl.load(qo_indptr_ptr + b + 1).to(tl.int64) - q_lo
+        kv_lo = tl.load(verify_indptr_ptr + b)
+        kv_len = tl.load(verify_indptr_ptr + b + 1) - kv_lo
+        prefix_len = kv_len - num_draft.to(tl.int32)
+
+        row = (pid_block - first_block) * BLOCK_M + r
+        row_ok = row < num_draft * HEADS
+        t = q_lo + row // HEADS
+        h = row % HEADS
+        q_row = q_ptr + t * stride_qt + h * stride_qh
+        q_latent = tl.load(q_row[:, None] + dv[None, :], mask=row_ok[:, None], other=0.0)
+        q_rope = tl.load(q_row[:, None] + D_LATENT + tl.arange(0, D_ROPE)[None, :], mask=row_ok[:, None], other=0.0)
+        mask_row_ptr = mask_ptr + t * stride_mask
+
+        chunk = ((kv_len + NUM_SPLITS - 1) // NUM_SPLITS + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+        kv_start = pid_split * chunk
+        kv_end = tl.minimum(kv_len, kv_start + chunk)
+        prefix_end = tl.minimum(kv_end, prefix_len)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D_LATENT], tl.float32)
+        for kv0 in range(kv_start, prefix_end, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(m_i, l_i, acc, q_latent, q_rope, kv_ptr, stride_kv, verify_indices_ptr, kv_lo,
+                                         kv0, prefix_end, prefix_len, mask_row_ptr, row_ok, scale_log2, False, BLOCK_N)
+        for kv0 in range(tl.maximum(kv_start, prefix_len), kv_end, BLOCK_N):
+            m_i, l_i, acc = _attend_tile(m_i, l_i, acc, q_latent, q_rope, kv_ptr, stride_kv, verify_indices_ptr, kv_lo,
+                                         kv0, kv_end, prefix_len, mask_row_ptr, row_ok, scale_log2, True, BLOCK_N)
+
+        saw_any = l_i > 0.0
+        o = acc / tl.where(saw_any, l_i, 1.0)[:, None]
+        lse = tl.where(saw_any, (m_i + tl.log2(tl.where(saw_any, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        if NUM_SPLITS == 1:
+            tl.store(out_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + dv[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+            tl.store(lse_ptr + t * stride_lt + h * stride_lh, lse, mask=row_ok)
+        else:
+            flat = pid_split * num_tokens * HEADS + t * HEADS + h
+            tl.store(part_out_ptr + flat[:, None] * D_LATENT + dv[None, :], o, mask=row_ok[:, None])
+            tl.store(part_lse_ptr + flat, lse, mask=row_ok)
+
+
+@triton.jit
+def _combine_splits_kernel(
+    part_out_ptr, part_lse_ptr, qo_indptr_ptr, batch,
+    out_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh,
+    num_tokens,
+    HEADS: tl.constexpr, BLOCK_R: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):
+    """Merges NUM_SPLITS partial (out, lse) pairs of each valid row by their LSE."""
+    flat = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    valid_rows = tl.load(qo_indptr_ptr + batch).to(tl.int64) * HEADS
+    ok = flat < valid_rows
+    stride_split = num_tokens * HEADS
+    lse_max = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for s in range(NUM_SPLITS):
+        lse_max = tl.maximum(lse_max, tl.load(part_lse_ptr + s * stride_split + flat, mask=ok, other=float("-inf")))
+    lse_max_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    dv = tl.arange(0, D_LATENT)
+    total = tl.zeros([BLOCK_R], tl.float32)
+    acc = tl.zeros([BLOCK_R, D_LATENT], tl.float32)
+    for s in range(NUM_SPLITS):
+        weight = tl.exp(tl.load(part_lse_ptr + s * stride_split + flat, mask=ok, other=float("-inf")) - lse_max_safe)
+        part = tl.load(part_out_ptr + (s * stride_split + flat)[:, None] * D_LATENT + dv[None, :], mask=ok[:, None] & (weight > 0)[:, None], other=0.0)
+        acc += weight[:, None] * part
+        total += weight
+    saw_any = total > 0.0
+    o = acc / tl.where(saw_any, total, 1.0)[:, None]
+    lse = tl.where(saw_any, lse_max_safe + tl.log(tl.where(saw_any, total, 1.0)), float("-inf"))
+    t = flat // HEADS
+    h = flat % HEADS
+    tl.store(out_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + dv[None, :], o.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+    tl.store(lse_ptr + t * stride_lt + h * stride_lh, lse, mask=ok)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+# Tile configuration; tuned on the H200 (see bench/results and the kernel notes).
+BLOCK_M = 64
+BLOCK_N = 32
+NUM_WARPS = 8
+NUM_STAGES = 1
+MAX_SPLITS = 32
+MIN_KEYS_PER_SPLIT = 256
+
+
+def num_kv_splits(num_tokens: int, heads: int, batch: int, num_keys_bound: int, sm_count: int, block_m: int = BLOCK_M) -> int:
+    """Key-range splits per row block, from shapes only: enough programs to fill the GPU twice,
+    but no split shorter than MIN_KEYS_PER_SPLIT keys on average (num_keys_bound / batch)."""
+    row_blocks = max(1, math.ceil(num_tokens * heads / block_m))
+    want = math.ceil(2 * sm_count / row_blocks)
+    keys_per_request = num_keys_bound / max(batch, 1)
+    by_length = max(1, int(keys_per_request // MIN_KEYS_PER_SPLIT))
+    return max(1, min(want, by_length, MAX_SPLITS))
+
+
+def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse,
+                          block_m=BLOCK_M, block_n=BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES, num_splits=None):
+    num_tokens, heads = q.shape[0], q.shape[1]
+    batch = qo_indptr.numel() - 1
+    if num_tokens == 0:
+        return
+    if num_splits is None:
+        num_splits = num_kv_splits(num_tokens, heads, batch, verify_indices.numel(), _sm_count(q.device.index), block_m)
+    # Enough programs for every request's row blocks plus the padding rows.
+    grid_blocks = math.ceil(num_tokens * heads / block_m) + batch + 1
+    if num_splits > 1:
+        part_out = torch.empty((num_splits, num_tokens * heads, D_LATENT), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_splits, num_tokens * heads), dtype=torch.float32, device=q.device)
+    else:
+        part_out = part_lse = lse  # unused by the kernel when NUM_SPLITS == 1
+    _tree_attention_kernel[(grid_blocks, num_splits)](
+        q, q.stride(0), q.stride(1),
+        kv_cache, kv_cache.stride(0),
+        qo_indptr, verify_indptr, verify_indices,
+        mask_words, mask_words.stride(0),
+        out, out.stride(0), out.stride(1),
+        lse, lse.stride(0), lse.stride(1),
+        part_out, part_lse,
+        num_tokens, batch, sm_scale * LOG2E,
+        HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n,
+        BATCH_POW2=triton.next_power_of_2(max(batch, 1)), NUM_SPLITS=num_splits,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    if num_splits > 1:
+        block_r = 16
+        _combine_splits_kernel[(math.ceil(num_tokens * heads / block_r),)](
+            part_out, part_lse, qo_indptr, batch,
+            out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
+            num_tokens,
+            HEADS=heads, BLOCK_R=block_r, NUM_SPLITS=num_splits, num_warps=4,
+        )
