@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import backends, meta, prep
+from . import backends, build, meta, prep
 from .reference import LATENT_DIM
 
 _lib = torch.library.Library("ddtree", "DEF")  # module-level: the ops live as long as this
@@ -28,8 +28,19 @@ _ATTENTION_ARGS = (
 _lib.define(f"tree_attention({_ATTENTION_ARGS}, str backend='auto') -> (Tensor out, Tensor lse)")
 _lib.define(f"tree_attention_into({_ATTENTION_ARGS}, Tensor(a!) out, Tensor(b!) lse, str backend='auto') -> ()")
 
+
+
+def _build_verify_indices_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc):
+    # One scan + one gather kernel from the compiled library (JIT-built on first use).
+    build.load_cuda_library()
+    return torch.ops.ddtree_cuda.build_verify_indices(
+        qo_indptr.contiguous(), kv_indptr.contiguous(), kv_indices.contiguous(), out_cache_loc.contiguous()
+    )
+
+
+_lib.impl("build_verify_indices", prep.build_verify_indices, "CPU")
+_lib.impl("build_verify_indices", _build_verify_indices_cuda, "CUDA")
 for _key in ("CPU", "CUDA"):
-    _lib.impl("build_verify_indices", prep.build_verify_indices, _key)
     _lib.impl("convert_tree_mask", prep.convert_tree_mask, _key)
 
 

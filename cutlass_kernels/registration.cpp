@@ -1,0 +1,9 @@
+// Schemas of the compiled library's ops (torch.ops.ddtree_cuda.*). The public ops live in the
+// Python-defined namespace `ddtree`; their CUDA implementations call these.
+#include <torch/library.h>
+
+TORCH_LIBRARY(ddtree_cuda, m) {
+  m.def(
+      "build_verify_indices(Tensor qo_indptr, Tensor kv_indptr, Tensor kv_indices, Tensor out_cache_loc)"
+      " -> (Tensor verify_indptr, Tensor verify_indices)");
+}

@@ -1,0 +1,152 @@
+"""Build and load the CUDA library (cutlass_kernels/): JIT on first CUDA use, or AOT from setup.py.
+
+The JIT build goes through torch.utils.cpp_extension + ninja into a directory named by a hash of
+the sources, the flags, the GPU arch and the torch/CUDA versions, so an edit or an upgrade
+rebuilds and everything else reuses the cache. An exclusive flock (released by the kernel if a
+build is killed) serialises builds across processes; under it, a `lock` file that a killed torch
+build left behind is removed instead of being waited on forever.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import importlib.util
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("ddtree_op")
+
+LIBRARY_NAMESPACE = "ddtree_cuda"  # ops of the compiled library: torch.ops.ddtree_cuda.*
+
+
+def kernel_source_dir() -> Path:
+    spec = importlib.util.find_spec("cutlass_kernels")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("ddtree_op: the CUDA sources (package 'cutlass_kernels') are not installed")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def cuda_sources() -> list[Path]:
+    src = kernel_source_dir()
+    return sorted(p for p in src.iterdir() if p.suffix in (".cu", ".cpp"))
+
+
+def _header_files() -> list[Path]:
+    return sorted(p for p in kernel_source_dir().rglob("*") if p.suffix in (".h", ".cuh", ".hpp"))
+
+
+def cutlass_include_dir() -> Path:
+    """CUTLASS/CuTe headers from the installed `nvidia-cutlass` wheel (found without importing
+    cutlass_library, which pulls heavy dependencies)."""
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is not None and spec.submodule_search_locations:
+        include = Path(list(spec.submodule_search_locations)[0]) / "source" / "include"
+        if (include / "cute").is_dir():
+            return include
+    raise RuntimeError(
+        "ddtree_op: CUTLASS headers not found; install them with `pip install nvidia-cutlass` "
+        "(they ship under cutlass_library/source/include)"
+    )
+
+
+def gpu_arch(device_index: int | None = None) -> str:
+    """'90a' on Hopper (wgmma needs the arch-specific target), else e.g. '80'."""
+    override = os.environ.get("DDTREE_CUDA_ARCH")
+    if override:
+        return override
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return f"{major}{minor}" + ("a" if (major, minor) == (9, 0) else "")
+
+
+def cuda_build_flags(arch: str | None = None) -> dict[str, list[str]]:
+    arch = arch or gpu_arch()
+    return {
+        "cxx": ["-O3", "-std=c++17"],
+        "nvcc": [
+            "-O3",
+            "-std=c++17",
+            f"-gencode=arch=compute_{arch},code=sm_{arch}",  # names an arch: torch adds no other
+            "--expt-relaxed-constexpr",
+            "--expt-extended-lambda",
+            "-U__CUDA_NO_HALF_OPERATORS__",
+            "-U__CUDA_NO_HALF_CONVERSIONS__",
+            "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+            "-U__CUDA_NO_HALF2_OPERATORS__",
+            "-lineinfo",
+        ],
+    }
+
+
+def build_key(arch: str) -> str:
+    digest = hashlib.sha256()
+    for path in cuda_sources() + _header_files():
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    digest.update(repr(cuda_build_flags(arch)).encode())
+    digest.update(f"{torch.__version__}|{torch.version.cuda}|{sys.version_info[:2]}".encode())
+    return digest.hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    root = os.environ.get("DDTREE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ddtree_op")
+    return Path(root)
+
+
+def _aot_library() -> Path | None:
+    here = Path(__file__).parent
+    found = sorted(here.glob("_cuda_aot*.so"))
+    return found[0] if found else None
+
+
+@functools.lru_cache(maxsize=None)
+def load_cuda_library() -> str:
+    """Loads (building on first use) the library that registers torch.ops.ddtree_cuda.*; returns its path."""
+    aot = _aot_library()
+    if aot is not None and os.environ.get("DDTREE_FORCE_JIT", "0") != "1":
+        torch.ops.load_library(str(aot))
+        return str(aot)
+    from torch.utils.cpp_extension import load
+
+    arch = gpu_arch()
+    key = build_key(arch)
+    name = f"ddtree_cuda_{key}"
+    build_dir = cache_root() / f"sm{arch}" / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    built = build_dir / f"{name}.so"
+    with open(build_dir / "ddtree.flock", "w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)  # released by the kernel if this process dies
+        stale = build_dir / "lock"
+        if stale.exists():
+            log.warning("ddtree_op: removing a stale build lock %s left by an interrupted build", stale)
+            stale.unlink()
+        if not built.exists():
+            msg = f"ddtree_op: compiling CUDA kernels for sm_{arch} (first use; takes a while, cached in {build_dir})"
+            log.warning(msg)
+            print(msg, file=sys.stderr, flush=True)
+        flags = cuda_build_flags(arch)
+        path = load(
+            name=name,
+            sources=[str(p) for p in cuda_sources()],
+            extra_cflags=flags["cxx"],
+            extra_cuda_cflags=flags["nvcc"],
+            extra_include_paths=[str(kernel_source_dir()), *_optional_cutlass_include()],
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=os.environ.get("DDTREE_BUILD_VERBOSE", "0") == "1",
+        )
+    return str(path if path else built)
+
+
+def _optional_cutlass_include() -> list[str]:
+    """The CUTLASS include path when the wheel is installed; sources that need it fail to
+    compile with a message pointing here otherwise."""
+    try:
+        return [str(cutlass_include_dir())]
+    except RuntimeError:
+        return []
