@@ -1,0 +1,66 @@
+"""Shared GPU correctness parametrisation for every CUDA backend (issue 3/4 grid, sampled)."""
+
+import torch
+
+from ddtree_op import mla_tree_verify
+from ddtree_op.synthetic import encode_tree_mask, make_verify_batch
+
+# (prefix lengths, draft lengths, heads); covers H in {1,16,32,128}, n in {1,2,4,8,16,33,64,128},
+# P in {0,1,63,64,65,1000,8192,65536}, B in {1,3,32}, uniform and ragged.
+ATTENTION_CASES = [
+    ([0], [1], 1),
+    ([1, 63, 64], [2, 33, 1], 1),
+    ([65536], [4], 16),
+    ([1000] * 32, [16] * 32, 16),
+    ([65, 8192, 0], [8, 64, 128], 16),
+    ([1000, 0, 63], [33, 1, 16], 32),
+    ([8192], [64], 128),
+    ([1, 65536, 64], [128, 2, 4], 128),
+    ([(37 * b) % 2000 for b in range(32)], [1 + b % 16 for b in range(32)], 128),
+    ([3000, 1000, 9000], [16, 16, 16], 16),  # ragged prefixes, split-KV path
+]
+
+
+def case_id(case):
+    prefix, drafts, heads = case
+    return f"H{heads}-B{len(prefix)}-n{max(drafts)}-P{max(prefix)}"
+
+
+def blank_rows(vb, rows_per_request=1):
+    """Makes the last draft row of each request see no draft at all (DDTree padding nodes)."""
+    vis = [v.clone() for v in vb.visibility]
+    for v in vis:
+        if v.shape[0] > 1:
+            v[-rows_per_request:] = False
+    vb.tree_mask, vb.mask_indptr = encode_tree_mask(vis, vb.prefix_lens, vb.mask_layout)
+    vb.tree_mask = vb.tree_mask.to(vb.q.device)
+    vb.mask_indptr = None if vb.mask_indptr is None else vb.mask_indptr.to(vb.q.device)
+    vb.visibility = vis
+    return vb
+
+
+def strided_copy(q):
+    """The same values as q in a view with token and head strides that are not contiguous."""
+    big = torch.randn(q.shape[0], q.shape[1] + 2, q.shape[2] + 32, device=q.device).to(q.dtype)
+    view = big[:, 1 : q.shape[1] + 1, 16 : 16 + q.shape[2]]
+    view.copy_(q)
+    return view
+
+
+def make_gpu_case(case, layout, dtype, seed):
+    prefix, drafts, heads = case
+    vb = make_verify_batch(prefix, drafts, heads, layout=layout, dtype=dtype, device="cuda", pad_rows=3, seed=seed)
+    if seed % 2:
+        vb = blank_rows(vb)
+    if seed % 3 == 0:
+        vb.q = strided_copy(vb.q)
+    return vb
+
+
+def run_and_reference(vb, backend):
+    rows, heads = vb.q.shape[0], vb.q.shape[1]
+    out = torch.full((rows, heads, 512), float("nan"), device="cuda", dtype=vb.q.dtype)  # poison
+    lse = torch.full((rows, heads), float("nan"), device="cuda")
+    mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=out, lse=lse, backend=backend)
+    ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
+    return out, lse, ref_out, ref_lse

@@ -1,0 +1,180 @@
+"""CUDA tests: kernels against the float32 reference, CUDA-graph replay, compile, streams."""
+
+import pytest
+import torch
+
+from conftest import needs_cuda, relative_error
+from gpu_cases import ATTENTION_CASES, case_id, make_gpu_case, run_and_reference
+from ddtree_op import mla_tree_verify, ops
+from ddtree_op.synthetic import make_verify_batch
+from test_prep import INDEX_CASES
+from test_prep import test_build_verify_indices_matches_loop as check_index_builder
+
+pytestmark = needs_cuda
+
+
+def cuda_backends():
+    return ["triton"]
+
+
+def assert_matches_reference(out, lse, ref_out, ref_lse, tol=2e-2):
+    assert not torch.isnan(out).any(), "NaN (or an unwritten poisoned element) in out"
+    assert not torch.isnan(lse).any(), "NaN (or an unwritten poisoned element) in lse"
+    assert relative_error(out, ref_out) < tol
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], atol=2e-3, rtol=1e-3)
+    assert torch.all(out[torch.isinf(ref_lse)] == 0)
+
+
+@pytest.mark.parametrize("prefix,drafts", INDEX_CASES)
+def test_build_verify_indices_cuda(prefix, drafts):
+    for dtypes in [(torch.int32, torch.int64), (torch.int64, torch.int32)]:
+        check_index_builder(prefix, drafts, dtypes, device="cuda")
+
+
+@pytest.mark.parametrize("backend", cuda_backends())
+@pytest.mark.parametrize("layout", ["full", "qlen", "packed"])
+@pytest.mark.parametrize("case", ATTENTION_CASES, ids=case_id)
+def test_attention_matches_reference(backend, layout, case):
+    if layout == "packed" and max(case[1]) > 64:
+        pytest.skip("packed masks hold at most 64 drafts")
+    for seed, dtype in enumerate([torch.bfloat16, torch.float16]):
+        seed += 10 * ATTENTION_CASES.index(case) + len(layout)
+        vb = make_gpu_case(case, layout, dtype, seed)
+        assert_matches_reference(*run_and_reference(vb, backend))
+
+
+def test_prep_ops_replay_in_cuda_graph():
+    base = make_verify_batch([40, 9, 0], [5, 7, 3], 1, device="cuda", pad_rows=4, index_dtype=torch.int64)
+    static = [base.qo_indptr, base.kv_indptr, base.kv_indices, base.out_cache_loc, base.tree_mask, base.mask_indptr]
+    rows = base.q.shape[0]
+
+    def prep():
+        vind, vidx = ops.build_verify_indices(*static[:4])
+        words = ops.convert_tree_mask(static[4], static[5], static[0], static[1], "full", rows, 1)
+        return vind, vidx, words
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        prep()  # warm-up (loads the library) off the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = prep()
+    for seed, (prefix, drafts) in enumerate([([3, 30, 12], [8, 2, 5]), ([0, 0, 44], [1, 1, 13]), ([51, 1, 1], [6, 6, 3])]):
+        vb = make_verify_batch(prefix, drafts, 1, device="cuda", seed=seed + 1, index_dtype=torch.int64)
+        new = [vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr]
+        for buf, value in zip(static, new):
+            assert value.numel() <= buf.numel()
+            buf.zero_()
+            buf[: value.numel()].copy_(value)
+        for t in captured:
+            t.fill_(-7)  # poison: replay must rewrite them
+        graph.replay()
+        want = (ops.build_verify_indices(*[t.cpu() for t in static[:4]]),
+                ops.convert_tree_mask(static[4].cpu(), static[5].cpu(), static[0].cpu(), static[1].cpu(), "full", rows, 1))
+        total = int(want[0][0][-1])
+        assert torch.equal(captured[0].cpu(), want[0][0])
+        assert torch.equal(captured[1][:total].cpu(), want[0][1][:total])
+        assert torch.equal(captured[2].cpu(), want[1])
+
+
+@pytest.mark.parametrize("backend", cuda_backends())
+def test_verify_step_replays_in_cuda_graph(backend):
+    heads, drafts = 16, [8, 5, 12]
+    pool = 120_000
+    base = make_verify_batch([5000, 100, 20000], drafts, heads, device="cuda", pad_rows=6, index_dtype=torch.int64)
+    kv_cache = torch.randn(pool, 576, device="cuda").to(torch.bfloat16)
+    q = base.q.clone()
+    kv_indices = torch.zeros(100_000, dtype=torch.int64, device="cuda")
+    mask = torch.zeros(4_000_000, dtype=torch.bool, device="cuda")  # preallocated for the largest context
+    qo_indptr, kv_indptr, mask_indptr = base.qo_indptr.clone(), base.kv_indptr.clone(), base.mask_indptr.clone()
+    out_cache_loc = base.out_cache_loc.clone()
+    out = torch.empty(q.shape[0], heads, 512, device="cuda", dtype=q.dtype)
+    lse = torch.empty(q.shape[0], heads, device="cuda")
+
+    def step():
+        mla_tree_verify(q, kv_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                        out_cache_loc=out_cache_loc, tree_mask=mask, mask_indptr=mask_indptr,
+                        sm_scale=base.sm_scale, out=out, lse=lse, backend=backend, max_draft_len=64)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for seed, (prefix, new_drafts) in enumerate([([70000, 3, 9], [3, 12, 9]), ([1, 1, 1], [1, 1, 1]), ([9000, 9000, 64], [16, 4, 7])]):
+        vb = make_verify_batch(prefix, new_drafts, heads, device="cuda", seed=seed + 11, index_dtype=torch.int64)
+        q.normal_()
+        q[: vb.q.shape[0]] = vb.q
+        kv_cache[: vb.kv_cache.shape[0]] = vb.kv_cache
+        kv_indices[: vb.kv_indices.numel()] = vb.kv_indices
+        out_cache_loc[: vb.out_cache_loc.numel()] = vb.out_cache_loc
+        mask[: vb.tree_mask.numel()] = vb.tree_mask
+        qo_indptr.copy_(vb.qo_indptr)
+        kv_indptr.copy_(vb.kv_indptr)
+        mask_indptr.copy_(vb.mask_indptr)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        ref_out, ref_lse = mla_tree_verify(q, kv_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                                           out_cache_loc=out_cache_loc, tree_mask=mask, mask_indptr=mask_indptr,
+                                           sm_scale=base.sm_scale, backend="reference")
+        assert_matches_reference(out, lse, ref_out, ref_lse)
+
+
+def test_reduce_overhead_is_cudagraphed_and_correct():
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+
+    def step(q, kv, qo, kvp, kvi, ocl, mask, mptr):
+        out, lse = mla_tree_verify(q, kv, qo_indptr=qo, kv_indptr=kvp, kv_indices=kvi, out_cache_loc=ocl,
+                                   tree_mask=mask, mask_indptr=mptr, sm_scale=0.1352)
+        return out.float() * 1.0, lse
+
+    compiled = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+    for seed in range(3):
+        vb = make_verify_batch([300, 20], [6, 9], 16, device="cuda", pad_rows=1, seed=seed)
+        args = (vb.q, vb.kv_cache, vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr)
+        torch.compiler.cudagraph_mark_step_begin()
+        out, lse = compiled(*args)
+        ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
+        assert relative_error(out.clone(), ref_out) < 2e-2
+    assert counters["inductor"]["cudagraph_skips"] == 0
+
+
+def test_two_streams_at_once():
+    cases = [make_verify_batch([4000, 10], [16, 4], 16, device="cuda", seed=s, pad_rows=2) for s in (1, 2)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    results = []
+    for vb, stream in zip(cases, streams):
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            results.append(mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs()))
+    torch.cuda.synchronize()
+    for vb, (out, lse) in zip(cases, results):
+        ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
+        assert_matches_reference(out, lse, ref_out, ref_lse)
+
+
+def test_repeated_calls_are_bitwise_identical():
+    vb = make_verify_batch([30000], [8], 16, device="cuda", pad_rows=1)  # split-KV path
+    first = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs())
+    for _ in range(3):
+        again = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs())
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+def test_device_mismatch_names_argument():
+    vb = make_verify_batch([5], [2], 1, device="cuda")
+    kwargs = vb.kwargs()
+    kwargs["kv_indices"] = kwargs["kv_indices"].cpu()
+    with pytest.raises(ValueError, match="'kv_indices'"):
+        mla_tree_verify(vb.q, vb.kv_cache, **kwargs)
