@@ -1,0 +1,267 @@
+"""Benchmark of the verify attention on one GPU: `python -m bench.verify [--out DIR]`.
+
+For each shape and backend: median time over CUDA-graph replays, each replay running the op on
+several input sets in turn so the L2 cache does not hold them; TFLOP/s, TB/s, fraction of speed
+of light (ceilings measured in the same run) and speed-up over the SGLang-style baseline. Also
+times the index builder alone, the mask conversion alone and the whole verify step in one graph.
+Writes a table, JSON, a PNG plot and a markdown summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+from bench.cases import Case, all_cases, geomean, grid_cases, ragged_cases, serving_cases
+from ddtree_op import mla_tree_verify, ops
+from ddtree_op.synthetic import make_verify_batch
+
+L2_BYTES = 60 * 2**20
+
+
+def time_graph(launches, replays: int = 20) -> float:
+    """Median seconds of one launch: all `launches` captured in one graph, replayed."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for launch in launches:
+            launch()  # warm-up: compiles kernels, loads libraries
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for launch in launches:
+            launch()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / len(launches))
+    del graph
+    return sorted(times)[len(times) // 2]
+
+
+def measure_ceilings() -> dict:
+    n = 1 << 30  # 2 GiB of bf16 each way
+    src = torch.randn(n // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy_s = time_graph([lambda: dst.copy_(src)], replays=10)
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm_s = time_graph([lambda: torch.mm(a, b)], replays=10)
+    return {"copy_bytes_per_s": 2 * (n // 2) * 2 / copy_s, "bf16_flops": 2 * 8192**3 / mm_s}
+
+
+class Inputs:
+    """One input set of a case on the GPU, with everything each backend needs precomputed."""
+
+    def __init__(self, case: Case, seed: int):
+        vb = make_verify_batch(list(case.prefix_lens), list(case.draft_lens), case.heads, device="cuda", seed=seed,
+                               chain=case.chain, kv_cache_3d=True)
+        self.vb = vb
+        self.max_draft = max(case.draft_lens)
+        self.rows = vb.q.shape[0]
+        self.words = math.ceil(self.max_draft / 64)
+        self.verify_indptr, self.verify_indices = ops.build_verify_indices(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc)
+        self.mask_words = ops.convert_tree_mask(vb.tree_mask, vb.mask_indptr, vb.qo_indptr, vb.kv_indptr, "full", self.rows, self.words)
+        self.out = torch.empty(self.rows, case.heads, 512, device="cuda", dtype=vb.q.dtype)
+        self.lse = torch.empty(self.rows, case.heads, device="cuda")
+        self.kv_rows = vb.kv_cache.select(1, 0)
+
+    def attention(self, backend: str, **triton_config):
+        vb = self.vb
+        if triton_config:
+            from ddtree_op.triton_attention import tree_attention_triton
+
+            return lambda: tree_attention_triton(vb.q, self.kv_rows, vb.qo_indptr, self.verify_indptr, self.verify_indices,
+                                                 self.mask_words, vb.sm_scale, self.out, self.lse, **triton_config)
+        return lambda: ops.tree_attention_into(vb.q, self.kv_rows, vb.qo_indptr, self.verify_indptr, self.verify_indices,
+                                               self.mask_words, vb.sm_scale, self.out, self.lse, backend)
+
+    def whole_step(self, backend: str):
+        vb = self.vb
+        return lambda: mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=self.out, lse=self.lse, backend=backend,
+                                       max_draft_len=self.max_draft)
+
+    def index_build(self):
+        vb = self.vb
+        return lambda: ops.build_verify_indices(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc)
+
+    def mask_convert(self):
+        vb = self.vb
+        return lambda: ops.convert_tree_mask(vb.tree_mask, vb.mask_indptr, vb.qo_indptr, vb.kv_indptr, "full", self.rows, self.words)
+
+    def baseline(self):
+        from bench.sglang_baseline import sglang_style_verify
+
+        vb = self.vb
+        return lambda: sglang_style_verify(vb.q, vb.kv_cache, vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc,
+                                           vb.tree_mask, vb.mask_indptr, vb.sm_scale, self.max_draft, self.out)
+
+
+def parse_triton_configs(text: str | None) -> dict[str, dict]:
+    """'64,32,8,1;64,64,8,2' -> {'triton[64x32w8s1]': {...}, ...} (block_m, block_n, warps, stages)."""
+    configs = {}
+    for item in filter(None, (text or "").split(";")):
+        bm, bn, w, s = (int(x) for x in item.split(","))
+        configs[f"triton[{bm}x{bn}w{w}s{s}]"] = dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s)
+    return configs
+
+
+def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: dict, with_prep: bool) -> dict:
+    sets = max(1, min(8, math.ceil(3 * L2_BYTES / case.bytes())))
+    inputs = [Inputs(case, seed) for seed in range(sets)]
+    floor = case.floor_seconds(ceilings["bf16_flops"], ceilings["copy_bytes_per_s"])
+    row = {"case": case.name, "tags": list(case.tags), "heads": case.heads, "batch": case.batch,
+           "draft": max(case.draft_lens), "prefix_max": max(case.prefix_lens), "flops": case.flops(),
+           "bytes": case.bytes(), "floor_us": floor * 1e6, "input_sets": sets, "time_us": {}}
+    timings = {}
+    for backend in backends:
+        if backend == "sglang_baseline":
+            timings[backend] = time_graph([i.baseline() for i in inputs])
+        else:
+            timings[backend] = time_graph([i.attention(backend) for i in inputs])
+    for name, config in triton_configs.items():
+        timings[name] = time_graph([i.attention("triton", **config) for i in inputs])
+    if with_prep:
+        best = min((b for b in backends if b != "sglang_baseline"), key=lambda b: timings[b], default=None)
+        if best is not None:
+            timings[f"step[{best}]"] = time_graph([i.whole_step(best) for i in inputs])
+        timings["index_build"] = time_graph([i.index_build() for i in inputs])
+        timings["mask_convert"] = time_graph([i.mask_convert() for i in inputs])
+    for name, seconds in timings.items():
+        row["time_us"][name] = seconds * 1e6
+    row["sol_fraction"] = {k: floor / v for k, v in timings.items() if not k.startswith(("index", "mask"))}
+    if "sglang_baseline" in timings:
+        row["speedup_vs_baseline"] = {k: timings["sglang_baseline"] / v for k, v in timings.items()
+                                      if k != "sglang_baseline" and not k.startswith(("index", "mask", "step"))}
+    del inputs
+    torch.cuda.empty_cache()
+    return row
+
+
+def summarize(rows: list[dict], attention_backends: list[str]) -> dict:
+    grid = [r for r in rows if "grid" in r["tags"]]
+    summary = {}
+    for b in attention_backends:
+        timed = [r for r in grid if b in r["time_us"]]
+        if not timed:
+            continue
+        big = [r["sol_fraction"][b] for r in timed if r["floor_us"] >= 20]
+        small = [r["time_us"][b] for r in timed if r["floor_us"] < 5]
+        summary[b] = {
+            "geomean_sol_fraction_floor_ge_20us": geomean(big),
+            "max_us_floor_lt_5us": max(small) if small else None,
+            "geomean_speedup_vs_baseline": geomean([r["speedup_vs_baseline"][b] for r in timed if b in r.get("speedup_vs_baseline", {})]),
+            "geomean_sol_fraction_grid": geomean([r["sol_fraction"][b] for r in timed]),
+        }
+    return summary
+
+
+def print_table(rows: list[dict], names: list[str]) -> str:
+    header = f"{'case':34s} {'floor':>8s} " + " ".join(f"{n[:18]:>18s}" for n in names)
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        cells = []
+        for n in names:
+            t = r["time_us"].get(n)
+            sol = r["sol_fraction"].get(n)
+            cells.append(f"{t:9.1f}us" + (f" {sol:6.1%}" if sol is not None else " " * 7) if t is not None else " " * 18)
+        lines.append(f"{r['case']:34s} {r['floor_us']:7.1f}u " + " ".join(f"{c:>18s}" for c in cells))
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def plot(rows: list[dict], names: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(10, len(rows) * 0.3), 5))
+    width = 0.8 / max(len(names), 1)
+    for k, n in enumerate(names):
+        ax.bar([i + k * width for i in range(len(rows))], [r["sol_fraction"].get(n, 0) for r in rows], width, label=n)
+    ax.set_xticks([i + 0.4 for i in range(len(rows))], [r["case"] for r in rows], rotation=90, fontsize=6)
+    ax.set_ylabel("fraction of speed of light")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except Exception:
+        return os.environ.get("DDTREE_COMMIT", "unknown")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default="all", choices=["all", "grid", "ragged", "serving"])
+    parser.add_argument("--backends", default="triton,sglang_baseline", help="comma list: cutlass,triton,sglang_baseline")
+    parser.add_argument("--triton-configs", default=None, help="extra Triton variants 'BM,BN,warps,stages;...'")
+    parser.add_argument("--filter", default=None, help="only cases whose name contains this")
+    parser.add_argument("--no-prep", action="store_true", help="skip timing index build, mask conversion, whole step")
+    parser.add_argument("--out", default=None, help="output directory (default bench/results/<date>_<gpu>_<commit>)")
+    args = parser.parse_args(argv)
+
+    cases = {"all": all_cases, "grid": grid_cases, "ragged": ragged_cases, "serving": serving_cases}[args.cases]()
+    if args.filter:
+        cases = [c for c in cases if args.filter in c.name]
+    backends = [b for b in args.backends.split(",") if b]
+    triton_configs = parse_triton_configs(args.triton_configs)
+    gpu = torch.cuda.get_device_name()
+    date = datetime.date.today().isoformat()
+    commit = git_commit()
+    out_dir = Path(args.out or f"bench/results/{date}_{gpu.replace(' ', '-')}_{commit}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    ceilings = measure_ceilings()
+    print(f"{gpu}, torch {torch.__version__}, commit {commit}: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+          f"bf16 mm {ceilings['bf16_flops'] / 1e12:.0f} TFLOP/s", flush=True)
+    rows = []
+    for case in cases:
+        rows.append(bench_case(case, backends, triton_configs, ceilings, not args.no_prep))
+        r = rows[-1]
+        print(f"  {case.name}: " + ", ".join(f"{k} {v:.1f}us" for k, v in r["time_us"].items()), flush=True)
+    names = sorted({n for r in rows for n in r["time_us"]}, key=lambda n: (n.startswith(("index", "mask", "step")), n))
+    attention_names = [n for n in names if not n.startswith(("index", "mask", "step"))]
+    table = print_table(rows, names)
+    summary = summarize(rows, [n for n in attention_names if n != "sglang_baseline"])
+    meta = {"date": date, "gpu": gpu, "commit": commit, "torch": torch.__version__, "ceilings": ceilings}
+    (out_dir / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
+    (out_dir / "table.txt").write_text(table + "\n")
+    try:
+        plot(rows, attention_names, out_dir / "sol_fraction.png")
+    except ImportError:
+        print("matplotlib missing: no plot")
+    md = [f"# Verify benchmark {date}, {gpu}, commit {commit}", "",
+          f"Ceilings measured in this run: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceilings['bf16_flops'] / 1e12:.0f} TFLOP/s.", "",
+          "| backend | geomean SoL (grid, floor >= 20us) | max us (floor < 5us) | geomean speed-up vs baseline | geomean SoL (grid) |",
+          "|---|---|---|---|---|"]
+    for b, s in summary.items():
+        small = f"{s['max_us_floor_lt_5us']:.1f}" if s["max_us_floor_lt_5us"] is not None else "-"
+        md.append(f"| {b} | {s['geomean_sol_fraction_floor_ge_20us']:.3f} | {small} | {s['geomean_speedup_vs_baseline']:.1f}x | {s['geomean_sol_fraction_grid']:.3f} |")
+    md += ["", "Per-shape times: table.txt (time and fraction of speed of light), results.json."]
+    (out_dir / "summary.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    print(f"wrote {out_dir}")
+
+
+if __name__ == "__main__":
+    main()
