@@ -128,7 +128,6 @@ def load_cuda_library() -> str:
         if not built.exists():
             msg = f"ddtree_op: compiling CUDA kernels for sm_{arch} (first use; takes a while, cached in {build_dir})"
             log.warning(msg)
-            print(msg, file=sys.stderr, flush=True)
         flags = cuda_build_flags(arch)
         path = load(
             name=name,
