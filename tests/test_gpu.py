@@ -45,86 +45,89 @@ def test_attention_matches_reference(backend, layout, case):
         assert_matches_reference(*run_and_reference(vb, backend))
 
 
-def test_prep_ops_replay_in_cuda_graph():
-    base = make_verify_batch([40, 9, 0], [5, 7, 3], 1, device="cuda", pad_rows=4, index_dtype=torch.int64)
-    static = [base.qo_indptr, base.kv_indptr, base.kv_indices, base.out_cache_loc, base.tree_mask, base.mask_indptr]
-    rows = base.q.shape[0]
+class StaticBuffers:
+    """SGLang-style preallocated verify buffers that a captured graph reads; `load` writes a new
+    batch into them (prefix of each buffer; the rest keeps stale values)."""
 
-    def prep():
-        vind, vidx = ops.build_verify_indices(*static[:4])
-        words = ops.convert_tree_mask(static[4], static[5], static[0], static[1], "full", rows, 1)
-        return vind, vidx, words
+    def __init__(self, rows, heads, pool, max_prefix_tokens, max_mask, batch):
+        cuda = dict(device="cuda")
+        self.q = torch.randn(rows, heads, 576, **cuda).to(torch.bfloat16)
+        self.kv_cache = torch.randn(pool, 576, **cuda).to(torch.bfloat16)
+        self.qo_indptr = torch.zeros(batch + 1, dtype=torch.int64, **cuda)
+        self.kv_indptr = torch.zeros(batch + 1, dtype=torch.int32, **cuda)
+        self.kv_indices = torch.zeros(max_prefix_tokens, dtype=torch.int64, **cuda)
+        self.out_cache_loc = torch.zeros(rows, dtype=torch.int64, **cuda)
+        self.tree_mask = torch.zeros(max_mask, dtype=torch.bool, **cuda)
+        self.mask_indptr = torch.zeros(batch + 1, dtype=torch.int64, **cuda)
 
+    def load(self, vb):
+        self.q.normal_()
+        for name in ("q", "kv_cache", "qo_indptr", "kv_indptr", "kv_indices", "out_cache_loc", "tree_mask", "mask_indptr"):
+            buf, value = getattr(self, name), getattr(vb, name)
+            assert value.numel() <= buf.numel(), name
+            buf.view(-1)[: value.numel()].copy_(value.reshape(-1))
+
+    def kwargs(self, sm_scale):
+        return dict(qo_indptr=self.qo_indptr, kv_indptr=self.kv_indptr, kv_indices=self.kv_indices,
+                    out_cache_loc=self.out_cache_loc, tree_mask=self.tree_mask, mask_indptr=self.mask_indptr,
+                    sm_scale=sm_scale)
+
+
+def capture(fn):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        prep()  # warm-up (loads the library) off the capture
+        fn()  # warm-up off the capture (loads libraries, compiles kernels)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = prep()
+        result = fn()
+    return graph, result
+
+
+def test_prep_ops_replay_in_cuda_graph():
+    buf = StaticBuffers(rows=30, heads=1, pool=400, max_prefix_tokens=200, max_mask=2000, batch=3)
+    buf.load(make_verify_batch([40, 9, 0], [5, 7, 3], 1, device="cuda"))
+
+    def prep():
+        vind, vidx = ops.build_verify_indices(buf.qo_indptr, buf.kv_indptr, buf.kv_indices, buf.out_cache_loc)
+        words = ops.convert_tree_mask(buf.tree_mask, buf.mask_indptr, buf.qo_indptr, buf.kv_indptr, "full", 30, 1)
+        return vind, vidx, words
+
+    graph, captured = capture(prep)
     for seed, (prefix, drafts) in enumerate([([3, 30, 12], [8, 2, 5]), ([0, 0, 44], [1, 1, 13]), ([51, 1, 1], [6, 6, 3])]):
-        vb = make_verify_batch(prefix, drafts, 1, device="cuda", seed=seed + 1, index_dtype=torch.int64)
-        new = [vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr]
-        for buf, value in zip(static, new):
-            assert value.numel() <= buf.numel()
-            buf.zero_()
-            buf[: value.numel()].copy_(value)
+        buf.load(make_verify_batch(prefix, drafts, 1, device="cuda", seed=seed + 1))
         for t in captured:
             t.fill_(-7)  # poison: replay must rewrite them
         graph.replay()
-        want = (ops.build_verify_indices(*[t.cpu() for t in static[:4]]),
-                ops.convert_tree_mask(static[4].cpu(), static[5].cpu(), static[0].cpu(), static[1].cpu(), "full", rows, 1))
-        total = int(want[0][0][-1])
-        assert torch.equal(captured[0].cpu(), want[0][0])
-        assert torch.equal(captured[1][:total].cpu(), want[0][1][:total])
-        assert torch.equal(captured[2].cpu(), want[1])
+        cpu = [t.cpu() for t in (buf.qo_indptr, buf.kv_indptr, buf.kv_indices, buf.out_cache_loc)]
+        want_indptr, want_indices = ops.build_verify_indices(*cpu)
+        want_words = ops.convert_tree_mask(buf.tree_mask.cpu(), buf.mask_indptr.cpu(), cpu[0], cpu[1], "full", 30, 1)
+        total = int(want_indptr[-1])
+        assert torch.equal(captured[0].cpu(), want_indptr)
+        assert torch.equal(captured[1][:total].cpu(), want_indices[:total])
+        assert torch.equal(captured[2].cpu(), want_words)
 
 
 @pytest.mark.parametrize("backend", cuda_backends())
 def test_verify_step_replays_in_cuda_graph(backend):
-    heads, drafts = 16, [8, 5, 12]
-    pool = 120_000
-    base = make_verify_batch([5000, 100, 20000], drafts, heads, device="cuda", pad_rows=6, index_dtype=torch.int64)
-    kv_cache = torch.randn(pool, 576, device="cuda").to(torch.bfloat16)
-    q = base.q.clone()
-    kv_indices = torch.zeros(100_000, dtype=torch.int64, device="cuda")
-    mask = torch.zeros(4_000_000, dtype=torch.bool, device="cuda")  # preallocated for the largest context
-    qo_indptr, kv_indptr, mask_indptr = base.qo_indptr.clone(), base.kv_indptr.clone(), base.mask_indptr.clone()
-    out_cache_loc = base.out_cache_loc.clone()
-    out = torch.empty(q.shape[0], heads, 512, device="cuda", dtype=q.dtype)
-    lse = torch.empty(q.shape[0], heads, device="cuda")
+    heads = 16
+    buf = StaticBuffers(rows=31, heads=heads, pool=120_000, max_prefix_tokens=100_000, max_mask=4_000_000, batch=3)
+    buf.load(make_verify_batch([5000, 100, 20000], [8, 5, 12], heads, device="cuda"))
+    out = torch.empty(31, heads, 512, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(31, heads, device="cuda")
+    sm_scale = 0.1352
 
     def step():
-        mla_tree_verify(q, kv_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
-                        out_cache_loc=out_cache_loc, tree_mask=mask, mask_indptr=mask_indptr,
-                        sm_scale=base.sm_scale, out=out, lse=lse, backend=backend, max_draft_len=64)
+        mla_tree_verify(buf.q, buf.kv_cache, **buf.kwargs(sm_scale), out=out, lse=lse, backend=backend, max_draft_len=64)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    for seed, (prefix, new_drafts) in enumerate([([70000, 3, 9], [3, 12, 9]), ([1, 1, 1], [1, 1, 1]), ([9000, 9000, 64], [16, 4, 7])]):
-        vb = make_verify_batch(prefix, new_drafts, heads, device="cuda", seed=seed + 11, index_dtype=torch.int64)
-        q.normal_()
-        q[: vb.q.shape[0]] = vb.q
-        kv_cache[: vb.kv_cache.shape[0]] = vb.kv_cache
-        kv_indices[: vb.kv_indices.numel()] = vb.kv_indices
-        out_cache_loc[: vb.out_cache_loc.numel()] = vb.out_cache_loc
-        mask[: vb.tree_mask.numel()] = vb.tree_mask
-        qo_indptr.copy_(vb.qo_indptr)
-        kv_indptr.copy_(vb.kv_indptr)
-        mask_indptr.copy_(vb.mask_indptr)
+    graph, _ = capture(step)
+    for seed, (prefix, drafts) in enumerate([([70000, 3, 9], [3, 12, 9]), ([1, 1, 1], [1, 1, 1]), ([9000, 9000, 64], [16, 4, 7])]):
+        buf.load(make_verify_batch(prefix, drafts, heads, device="cuda", seed=seed + 11))
         out.fill_(float("nan"))
         lse.fill_(float("nan"))
         graph.replay()
-        ref_out, ref_lse = mla_tree_verify(q, kv_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
-                                           out_cache_loc=out_cache_loc, tree_mask=mask, mask_indptr=mask_indptr,
-                                           sm_scale=base.sm_scale, backend="reference")
+        ref_out, ref_lse = mla_tree_verify(buf.q, buf.kv_cache, **buf.kwargs(sm_scale), backend="reference")
         assert_matches_reference(out, lse, ref_out, ref_lse)
 
 
