@@ -53,15 +53,17 @@ def time_graph(launches, replays: int = 20) -> float:
 
 
 def measure_ceilings() -> dict:
-    n = 1 << 30  # 2 GiB of bf16 each way
-    src = torch.randn(n // 2, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    copy_s = time_graph([lambda: dst.copy_(src)], replays=10)
-    del src, dst
+    """Device copy (bytes read + written, best of two sizes) and an 8192^3 bf16 matmul."""
+    copy_rates = []
+    for numel in (1 << 29, 1 << 30):  # 2 and 4 GiB of float32 each way
+        src = torch.randn(numel, device="cuda")
+        dst = torch.empty_like(src)
+        copy_rates.append(2 * src.numel() * 4 / time_graph([lambda: dst.copy_(src)], replays=10))
+        del src, dst
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     mm_s = time_graph([lambda: torch.mm(a, b)], replays=10)
-    return {"copy_bytes_per_s": 2 * (n // 2) * 2 / copy_s, "bf16_flops": 2 * 8192**3 / mm_s}
+    return {"copy_bytes_per_s": max(copy_rates), "bf16_flops": 2 * 8192**3 / mm_s}
 
 
 class Inputs:
@@ -112,11 +114,14 @@ class Inputs:
 
 
 def parse_triton_configs(text: str | None) -> dict[str, dict]:
-    """'64,32,8,1;64,64,8,2' -> {'triton[64x32w8s1]': {...}, ...} (block_m, block_n, warps, stages)."""
+    """'64,32,8,1;64,64,8,2,2' -> {'triton[64x32w8s1]': {...}, ...}: block_m, block_n, warps,
+    stages and optionally dv_parts (programs sharing the 512 output columns)."""
     configs = {}
     for item in filter(None, (text or "").split(";")):
-        bm, bn, w, s = (int(x) for x in item.split(","))
-        configs[f"triton[{bm}x{bn}w{w}s{s}]"] = dict(block_m=bm, block_n=bn, num_warps=w, num_stages=s)
+        bm, bn, w, s, *dv = (int(x) for x in item.split(","))
+        parts = dv[0] if dv else 1
+        configs[f"triton[{bm}x{bn}w{w}s{s}" + (f"v{parts}]" if parts > 1 else "]")] = dict(
+            block_m=bm, block_n=bn, num_warps=w, num_stages=s, dv_parts=parts)
     return configs
 
 

@@ -6,4 +6,7 @@ TORCH_LIBRARY(ddtree_cuda, m) {
   m.def(
       "build_verify_indices(Tensor qo_indptr, Tensor kv_indptr, Tensor kv_indices, Tensor out_cache_loc)"
       " -> (Tensor verify_indptr, Tensor verify_indices)");
+  m.def(
+      "convert_tree_mask(Tensor tree_mask, Tensor? mask_indptr, Tensor qo_indptr, Tensor kv_indptr, str layout,"
+      " int num_rows, int words_per_row) -> Tensor");
 }

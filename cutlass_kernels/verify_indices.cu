@@ -9,21 +9,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "index_view.cuh"
+
 namespace {
 
 constexpr int kScanThreads = 1024;
 constexpr int kGatherThreads = 256;
-
-// Index tensors may be int32 or int64; read either as int64.
-struct IndexView {
-  const void* data;
-  bool is64;
-  __device__ __forceinline__ int64_t operator[](int64_t i) const {
-    return is64 ? static_cast<const int64_t*>(data)[i] : static_cast<const int32_t*>(data)[i];
-  }
-};
-
-IndexView view_of(const at::Tensor& t) { return {t.data_ptr(), t.scalar_type() == at::kLong}; }
 
 // One block scans the per-request key counts (P_b + n_b) into verify_indptr.
 __global__ void scan_verify_indptr(IndexView qo_indptr, IndexView kv_indptr, int batch, int32_t* verify_indptr) {
@@ -82,10 +73,10 @@ std::tuple<at::Tensor, at::Tensor> build_verify_indices_cuda(const at::Tensor& q
   TORCH_CHECK(qo_indptr.dim() == 1 && qo_indptr.numel() >= 1, "ddtree_op: qo_indptr must be 1-D of length B+1");
   const int batch = static_cast<int>(qo_indptr.numel() - 1);
   TORCH_CHECK(kv_indptr.numel() >= batch + 1, "ddtree_op: kv_indptr must have at least B+1 entries");
-  for (const auto* t : {&qo_indptr, &kv_indptr, &kv_indices, &out_cache_loc}) {
-    TORCH_CHECK(t->is_cuda() && t->is_contiguous() && (t->scalar_type() == at::kInt || t->scalar_type() == at::kLong),
-                "ddtree_op: index tensors must be contiguous int32/int64 CUDA tensors");
-  }
+  check_index_tensor(qo_indptr, "qo_indptr");
+  check_index_tensor(kv_indptr, "kv_indptr");
+  check_index_tensor(kv_indices, "kv_indices");
+  check_index_tensor(out_cache_loc, "out_cache_loc");
   const auto opts = qo_indptr.options().dtype(at::kInt);
   at::Tensor verify_indptr = at::empty({batch + 1}, opts);
   const int64_t total = kv_indices.numel() + out_cache_loc.numel();

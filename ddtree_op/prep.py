@@ -2,9 +2,9 @@
 
 Both functions are plain tensor programs (searchsorted, gathers, shifts) whose output shapes
 depend on input shapes only. They read no value on the host, so they run unchanged on CPU and
-CUDA, inside `torch.compile` graphs and inside captured CUDA graphs. They implement
-`ddtree::convert_tree_mask` on CPU and CUDA and `ddtree::build_verify_indices` on CPU (its CUDA
-implementation is the fused kernel in cutlass_kernels/verify_indices.cu, tested against this).
+CUDA, inside `torch.compile` graphs and inside captured CUDA graphs. They are the CPU
+implementations of `ddtree::build_verify_indices` and `ddtree::convert_tree_mask`; on CUDA the
+same ops run fused kernels (cutlass_kernels/verify_indices.cu, tree_mask.cu), tested against these.
 """
 
 from __future__ import annotations

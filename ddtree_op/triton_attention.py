@@ -28,8 +28,8 @@ D_ROPE = tl.constexpr(64)
 @triton.jit
 def _attend_tile(
     m_i, l_i, acc, q_latent, q_rope, kv_ptr, stride_kv, verify_indices_ptr, kv_lo,
-    kv0, kv_end, prefix_len, mask_row_ptr, row_ok, scale_log2,
-    IS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr,
+    kv0, kv_end, prefix_len, mask_row_ptr, row_ok, scale_log2, dv0,
+    IS_DRAFT: tl.constexpr, BLOCK_N: tl.constexpr, DV: tl.constexpr,
 ):
     cols = kv0 + tl.arange(0, BLOCK_N)
     col_ok = cols < kv_end
@@ -52,7 +52,11 @@ def _attend_tile(
     p = tl.exp2(scores - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(k_latent.dtype), k_latent, acc)
+    if DV == D_LATENT:
+        values = k_latent
+    else:  # this program owns output columns dv0 .. dv0 + DV (a re-read that hits L1/L2)
+        values = tl.load(key_row[:, None] + dv0 + tl.arange(0, DV)[None, :], mask=col_ok[:, None], other=0.0)
+    acc = tl.dot(p.to(values.dtype), values, acc)
     return m_new, l_i, acc
 
 
@@ -67,10 +71,13 @@ def _tree_attention_kernel(
     part_out_ptr, part_lse_ptr,
     num_tokens, batch, scale_log2,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BATCH_POW2: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BATCH_POW2: tl.constexpr, NUM_SPLITS: tl.constexpr, DV_PARTS: tl.constexpr,
 ):
+    DV: tl.constexpr = D_LATENT // DV_PARTS
     pid_block = tl.program_id(0)
-    pid_split = tl.program_id(1)
+    pid_split = tl.program_id(1) // DV_PARTS
+    pid_dv = tl.program_id(1) % DV_PARTS
+    dv0 = pid_dv * DV
 
     # Device-side schedule: request b owns ceil(n_b * H / BLOCK_M) consecutive row blocks.
     req = tl.arange(0, BATCH_POW2)
@@ -85,7 +92,7 @@ def _tree_attention_kernel(
 
     if pid_block >= total_blocks:
         # Leftover programs zero the padding rows t >= qo_indptr[B] (out 0, lse -inf).
-        if pid_split == 0:
+        if (pid_split == 0) & (pid_dv == 0):
             pad_row = tl.load(qo_indptr_ptr + batch).to(tl.int64) * HEADS + (pid_block - total_blocks) * BLOCK_M + r
             pad_ok = pad_row < num_tokens * HEADS
             t = pad_row // HEADS
@@ -118,25 +125,26 @@ def _tree_attention_kernel(
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, D_LATENT], tl.float32)
+        acc = tl.zeros([BLOCK_M, DV], tl.float32)
         for kv0 in range(kv_start, prefix_end, BLOCK_N):
             m_i, l_i, acc = _attend_tile(m_i, l_i, acc, q_latent, q_rope, kv_ptr, stride_kv, verify_indices_ptr, kv_lo,
-                                         kv0, prefix_end, prefix_len, mask_row_ptr, row_ok, scale_log2, False, BLOCK_N)
+                                         kv0, prefix_end, prefix_len, mask_row_ptr, row_ok, scale_log2, dv0, False, BLOCK_N, DV)
         for kv0 in range(tl.maximum(kv_start, prefix_len), kv_end, BLOCK_N):
             m_i, l_i, acc = _attend_tile(m_i, l_i, acc, q_latent, q_rope, kv_ptr, stride_kv, verify_indices_ptr, kv_lo,
-                                         kv0, kv_end, prefix_len, mask_row_ptr, row_ok, scale_log2, True, BLOCK_N)
+                                         kv0, kv_end, prefix_len, mask_row_ptr, row_ok, scale_log2, dv0, True, BLOCK_N, DV)
 
         saw_any = l_i > 0.0
         o = acc / tl.where(saw_any, l_i, 1.0)[:, None]
         lse = tl.where(saw_any, (m_i + tl.log2(tl.where(saw_any, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        cols = dv0 + tl.arange(0, DV)
         if NUM_SPLITS == 1:
-            tl.store(out_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + dv[None, :],
+            tl.store(out_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + cols[None, :],
                      o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
-            tl.store(lse_ptr + t * stride_lt + h * stride_lh, lse, mask=row_ok)
+            tl.store(lse_ptr + t * stride_lt + h * stride_lh, lse, mask=row_ok & (pid_dv == 0))
         else:
             flat = pid_split * num_tokens * HEADS + t * HEADS + h
-            tl.store(part_out_ptr + flat[:, None] * D_LATENT + dv[None, :], o, mask=row_ok[:, None])
-            tl.store(part_lse_ptr + flat, lse, mask=row_ok)
+            tl.store(part_out_ptr + flat[:, None] * D_LATENT + cols[None, :], o, mask=row_ok[:, None])
+            tl.store(part_lse_ptr + flat, lse, mask=row_ok & (pid_dv == 0))
 
 
 @triton.jit
@@ -179,9 +187,10 @@ def _sm_count(device_index: int) -> int:
 
 # Tile configuration; tuned on the H200 (see bench/results and the kernel notes).
 BLOCK_M = 64
-BLOCK_N = 32
+BLOCK_N = 64
 NUM_WARPS = 8
 NUM_STAGES = 1
+DV_PARTS = 1
 MAX_SPLITS = 32
 MIN_KEYS_PER_SPLIT = 256
 
@@ -197,7 +206,8 @@ def num_kv_splits(num_tokens: int, heads: int, batch: int, num_keys_bound: int, 
 
 
 def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse,
-                          block_m=BLOCK_M, block_n=BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES, num_splits=None):
+                          block_m=BLOCK_M, block_n=BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES, num_splits=None,
+                          dv_parts=DV_PARTS):
     num_tokens, heads = q.shape[0], q.shape[1]
     batch = qo_indptr.numel() - 1
     if num_tokens == 0:
@@ -211,7 +221,7 @@ def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices,
         part_lse = torch.empty((num_splits, num_tokens * heads), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = lse  # unused by the kernel when NUM_SPLITS == 1
-    _tree_attention_kernel[(grid_blocks, num_splits)](
+    kernel = _tree_attention_kernel[(grid_blocks, num_splits * dv_parts)](
         q, q.stride(0), q.stride(1),
         kv_cache, kv_cache.stride(0),
         qo_indptr, verify_indptr, verify_indices,
@@ -221,7 +231,7 @@ def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices,
         part_out, part_lse,
         num_tokens, batch, sm_scale * LOG2E,
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n,
-        BATCH_POW2=triton.next_power_of_2(max(batch, 1)), NUM_SPLITS=num_splits,
+        BATCH_POW2=triton.next_power_of_2(max(batch, 1)), NUM_SPLITS=num_splits, DV_PARTS=dv_parts,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
@@ -232,3 +242,4 @@ def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices,
             num_tokens,
             HEADS=heads, BLOCK_R=block_r, NUM_SPLITS=num_splits, num_warps=4,
         )
+    return kernel

@@ -6,7 +6,7 @@ import torch
 from conftest import needs_cuda, relative_error
 from gpu_cases import ATTENTION_CASES, case_id, make_gpu_case, run_and_reference
 from ddtree_op import mla_tree_verify, ops
-from ddtree_op.synthetic import make_verify_batch
+from ddtree_op.synthetic import encode_tree_mask, make_verify_batch
 from test_prep import INDEX_CASES
 from test_prep import test_build_verify_indices_matches_loop as check_index_builder
 
@@ -31,6 +31,28 @@ def assert_matches_reference(out, lse, ref_out, ref_lse, tol=2e-2):
 def test_build_verify_indices_cuda(prefix, drafts):
     for dtypes in [(torch.int32, torch.int64), (torch.int64, torch.int32)]:
         check_index_builder(prefix, drafts, dtypes, device="cuda")
+
+
+@pytest.mark.parametrize("layout", ["full", "qlen", "packed"])
+@pytest.mark.parametrize("packed_dtype", [torch.uint8, torch.int16, torch.int64])
+@pytest.mark.parametrize("use_mask_indptr", [True, False])
+def test_convert_tree_mask_cuda_matches_cpu(layout, packed_dtype, use_mask_indptr):
+    if layout == "full" and not use_mask_indptr:
+        pytest.skip("the full layout needs mask_indptr")
+    width = {torch.uint8: 8, torch.int16: 16, torch.int64: 64}[packed_dtype]
+    gen = torch.Generator().manual_seed(width)
+    drafts = [min(width, n) for n in (5, 0, 70, 1, 64)] if layout == "packed" else [5, 0, 70, 1, 64]
+    prefix = [3, 9, 0, 100, 1]
+    visibility = [torch.rand(n, n, generator=gen) < 0.5 for n in drafts]  # bits above the diagonal too
+    mask, mask_indptr = encode_tree_mask(visibility, prefix, layout, packed_dtype, torch.bool)
+    qo = torch.tensor([0] + drafts).cumsum(0)
+    kv = torch.tensor([0] + prefix).cumsum(0).int()
+    mask_indptr = mask_indptr if use_mask_indptr else None
+    rows = sum(drafts) + 5
+    for words in (1, 2):
+        want = ops.convert_tree_mask(mask, mask_indptr, qo, kv, layout, rows, words)
+        got = ops.convert_tree_mask(mask.cuda(), None if mask_indptr is None else mask_indptr.cuda(), qo.cuda(), kv.cuda(), layout, rows, words)
+        assert torch.equal(got.cpu(), want)
 
 
 @pytest.mark.parametrize("backend", cuda_backends())
