@@ -239,16 +239,18 @@ def main(argv=None):
     ceilings = measure_ceilings()
     print(f"{gpu}, torch {torch.__version__}, commit {commit}: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
           f"bf16 mm {ceilings['bf16_flops'] / 1e12:.0f} TFLOP/s", flush=True)
+    meta = {"date": date, "gpu": gpu, "commit": commit, "torch": torch.__version__, "ceilings": ceilings}
     rows = []
     for case in cases:
         rows.append(bench_case(case, backends, triton_configs, ceilings, not args.no_prep))
         r = rows[-1]
         print(f"  {case.name}: " + ", ".join(f"{k} {v:.1f}us" for k, v in r["time_us"].items()), flush=True)
+        # Written after every shape, so a run cut short still leaves its measurements.
+        (out_dir / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     names = sorted({n for r in rows for n in r["time_us"]}, key=lambda n: (n.startswith(("index", "mask", "step")), n))
     attention_names = [n for n in names if not n.startswith(("index", "mask", "step"))]
     table = print_table(rows, names)
     summary = summarize(rows, [n for n in attention_names if n != "sglang_baseline"])
-    meta = {"date": date, "gpu": gpu, "commit": commit, "torch": torch.__version__, "ceilings": ceilings}
     (out_dir / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
     (out_dir / "table.txt").write_text(table + "\n")
     try:

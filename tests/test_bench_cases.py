@@ -1,0 +1,51 @@
+"""Pure-Python parts of the benchmark: floors and the case generator (no GPU needed)."""
+
+import math
+
+import pytest
+
+from bench.cases import Case, all_cases, geomean, grid_cases, ragged, ragged_cases, serving_cases
+from bench.verify import parse_triton_configs
+
+
+def test_grid_is_the_35_shapes_of_the_kernel_notes():
+    grid = grid_cases()
+    assert len(grid) == 35 and len({c.name for c in grid}) == 35
+    assert {c.heads for c in grid} == {16, 128}
+    assert {c.draft_lens[0] for c in grid} == {4, 16, 64}
+    assert {c.batch for c in grid} == {1, 8, 32}
+    assert {c.prefix_lens[0] for c in grid} == {1024, 8192}
+
+
+def test_flops_and_bytes_by_hand():
+    case = Case("x", heads=16, prefix_lens=(1024,), draft_lens=(4,))
+    assert case.flops() == 2 * 1088 * 16 * 4 * 1028
+    assert case.bytes() == 1028 * (1152 + 4) + 64 * (1152 + 1028)
+
+
+def test_floor_is_the_larger_of_compute_and_memory_time():
+    compute_bound = Case("c", 128, (8192,) * 8, (64,) * 8)
+    memory_bound = Case("m", 16, (8192,) * 8, (1,) * 8)
+    assert compute_bound.floor_seconds(797e12, 4.2e12) == pytest.approx(compute_bound.flops() / 797e12)
+    assert memory_bound.floor_seconds(797e12, 4.2e12) == pytest.approx(memory_bound.bytes() / 4.2e12)
+
+
+@pytest.mark.parametrize("prefix,batch", [(1024, 8), (8192, 32), (1000, 3)])
+def test_ragged_keeps_total_and_spans_three_times(prefix, batch):
+    lens = ragged(prefix, batch)
+    assert sum(lens) == prefix * batch and len(lens) == batch
+    assert max(lens) / min(lens) == pytest.approx(3, rel=0.05)
+
+
+def test_case_lists_are_consistent():
+    assert len(ragged_cases()) == sum(1 for c in grid_cases() if c.batch > 1)
+    assert all(c.heads in (16, 128) for c in serving_cases())
+    assert len(all_cases()) == len(grid_cases()) + len(ragged_cases()) + len(serving_cases())
+
+
+def test_geomean_and_config_parsing():
+    assert geomean([1, 4, 16]) == pytest.approx(4)
+    assert math.isnan(geomean([]))
+    configs = parse_triton_configs("64,64,8,1;64,32,4,1,2")
+    assert configs["triton[64x64w8s1]"] == dict(block_m=64, block_n=64, num_warps=8, num_stages=1, dv_parts=1)
+    assert configs["triton[64x32w4s1v2]"]["dv_parts"] == 2
