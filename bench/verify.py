@@ -4,7 +4,7 @@ For each shape and backend: median time over CUDA-graph replays, each replay run
 several input sets in turn so the L2 cache does not hold them; TFLOP/s, TB/s, fraction of speed
 of light (ceilings measured in the same run) and speed-up over the SGLang-style baseline. Also
 times the index builder alone, the mask conversion alone and the whole verify step in one graph.
-Writes a table, JSON, a PNG plot and a markdown summary.
+Writes results.json, then bench/report.py renders the table, the plot and the summary from it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from bench.cases import Case, all_cases, geomean, grid_cases, ragged_cases, serving_cases
+from bench.cases import Case, all_cases, grid_cases, ragged_cases, serving_cases
+from bench.report import write_report
 from ddtree_op import mla_tree_verify, ops
 from ddtree_op.synthetic import make_verify_batch
 
@@ -157,57 +158,6 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
     return row
 
 
-def summarize(rows: list[dict], attention_backends: list[str]) -> dict:
-    grid = [r for r in rows if "grid" in r["tags"]]
-    summary = {}
-    for b in attention_backends:
-        timed = [r for r in grid if b in r["time_us"]]
-        if not timed:
-            continue
-        big = [r["sol_fraction"][b] for r in timed if r["floor_us"] >= 20]
-        small = [r["time_us"][b] for r in timed if r["floor_us"] < 5]
-        summary[b] = {
-            "geomean_sol_fraction_floor_ge_20us": geomean(big),
-            "max_us_floor_lt_5us": max(small) if small else None,
-            "geomean_speedup_vs_baseline": geomean([r["speedup_vs_baseline"][b] for r in timed if b in r.get("speedup_vs_baseline", {})]),
-            "geomean_sol_fraction_grid": geomean([r["sol_fraction"][b] for r in timed]),
-        }
-    return summary
-
-
-def print_table(rows: list[dict], names: list[str]) -> str:
-    header = f"{'case':34s} {'floor':>8s} " + " ".join(f"{n[:18]:>18s}" for n in names)
-    lines = [header, "-" * len(header)]
-    for r in rows:
-        cells = []
-        for n in names:
-            t = r["time_us"].get(n)
-            sol = r["sol_fraction"].get(n)
-            cells.append(f"{t:9.1f}us" + (f" {sol:6.1%}" if sol is not None else " " * 7) if t is not None else " " * 18)
-        lines.append(f"{r['case']:34s} {r['floor_us']:7.1f}u " + " ".join(f"{c:>18s}" for c in cells))
-    text = "\n".join(lines)
-    print(text, flush=True)
-    return text
-
-
-def plot(rows: list[dict], names: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(10, len(rows) * 0.3), 5))
-    width = 0.8 / max(len(names), 1)
-    for k, n in enumerate(names):
-        ax.bar([i + k * width for i in range(len(rows))], [r["sol_fraction"].get(n, 0) for r in rows], width, label=n)
-    ax.set_xticks([i + 0.4 for i in range(len(rows))], [r["case"] for r in rows], rotation=90, fontsize=6)
-    ax.set_ylabel("fraction of speed of light")
-    ax.set_yscale("log")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
@@ -247,26 +197,7 @@ def main(argv=None):
         print(f"  {case.name}: " + ", ".join(f"{k} {v:.1f}us" for k, v in r["time_us"].items()), flush=True)
         # Written after every shape, so a run cut short still leaves its measurements.
         (out_dir / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    names = sorted({n for r in rows for n in r["time_us"]}, key=lambda n: (n.startswith(("index", "mask", "step")), n))
-    attention_names = [n for n in names if not n.startswith(("index", "mask", "step"))]
-    table = print_table(rows, names)
-    summary = summarize(rows, [n for n in attention_names if n != "sglang_baseline"])
-    (out_dir / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
-    (out_dir / "table.txt").write_text(table + "\n")
-    try:
-        plot(rows, attention_names, out_dir / "sol_fraction.png")
-    except ImportError:
-        print("matplotlib missing: no plot")
-    md = [f"# Verify benchmark {date}, {gpu}, commit {commit}", "",
-          f"Ceilings measured in this run: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceilings['bf16_flops'] / 1e12:.0f} TFLOP/s.", "",
-          "| backend | geomean SoL (grid, floor >= 20us) | max us (floor < 5us) | geomean speed-up vs baseline | geomean SoL (grid) |",
-          "|---|---|---|---|---|"]
-    for b, s in summary.items():
-        small = f"{s['max_us_floor_lt_5us']:.1f}" if s["max_us_floor_lt_5us"] is not None else "-"
-        md.append(f"| {b} | {s['geomean_sol_fraction_floor_ge_20us']:.3f} | {small} | {s['geomean_speedup_vs_baseline']:.1f}x | {s['geomean_sol_fraction_grid']:.3f} |")
-    md += ["", "Per-shape times: table.txt (time and fraction of speed of light), results.json."]
-    (out_dir / "summary.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    write_report(out_dir, {"meta": meta, "rows": rows})
     print(f"wrote {out_dir}")
 
 
