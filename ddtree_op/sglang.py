@@ -1,0 +1,85 @@
+"""Adapter for SGLang's target-verify (tree speculative decoding) attention on MLA models.
+
+Takes the buffers SGLang's Triton attention backend already holds in `forward_extend` for
+ForwardMode.TARGET_VERIFY and returns the output in SGLang's layout, without copies:
+
+- q: `[T, H * 576]` or `[T, H, 576]` (a view of a larger tensor is fine; last dim contiguous);
+- k_buffer: the layer's KV buffer `[S, 1, 576]` (`token_to_kv_pool.get_key_buffer(layer_id)`);
+  v_buffer, if given, must be the 512-wide view of the same rows (`get_value_buffer`), since V is
+  read from the K rows;
+- qo_indptr (int32 eager, int64 in CUDA-graph buffers), kv_indptr int32 covering the prefix only,
+  kv_indices int64 (may be longer than needed), custom_mask bool or uint8 (may be a buffer
+  preallocated for the largest batch and context), mask_indptr int64, out_cache_loc int64;
+- padded CUDA-graph batches (dummy requests with prefix length 1) need nothing special.
+
+`sglang` itself is not imported: the README shows a backend subclass that calls this.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .api import mla_tree_verify
+from .reference import LATENT_DIM, QK_DIM
+
+
+def _check_same_rows(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> None:
+    if v_buffer.data_ptr() != k_buffer.data_ptr() or v_buffer.shape[0] != k_buffer.shape[0] or v_buffer.shape[-1] != LATENT_DIM:
+        raise ValueError(
+            "ddtree_op: argument 'v_buffer' must be the first 512 columns of the rows of k_buffer "
+            "(MLA stores one latent row per token), got a different tensor"
+        )
+    if v_buffer.stride(0) != k_buffer.stride(0):
+        raise ValueError(f"ddtree_op: argument 'v_buffer' must share k_buffer's row stride {k_buffer.stride(0)}, got {v_buffer.stride(0)}")
+
+
+def target_verify_forward(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    *,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor,
+    mask_indptr: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    sm_scale: float,
+    num_draft_tokens: int | None = None,
+    v_buffer: torch.Tensor | None = None,
+    o: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Tree-masked MLA verify attention on SGLang's buffers; returns o `[T, H * 512]`.
+
+    `num_draft_tokens` (SGLang's `speculative_num_draft_tokens`, static) bounds the drafts per
+    request and keeps the compact mask small. `o`, when given, is written in place (SGLang's
+    `[T, H * 512]` output buffer, contiguous).
+    """
+    if q.dim() == 2:
+        if q.shape[-1] % QK_DIM:
+            raise ValueError(f"ddtree_op: argument 'q' must be [T, H*{QK_DIM}] or [T, H, {QK_DIM}], got shape {tuple(q.shape)}")
+        q = q.view(q.shape[0], -1, QK_DIM)
+    if v_buffer is not None:
+        _check_same_rows(k_buffer, v_buffer)
+    tokens, heads = q.shape[0], q.shape[1]
+    if o is None:
+        o = q.new_empty((tokens, heads * LATENT_DIM))
+    elif tuple(o.shape) != (tokens, heads * LATENT_DIM) or not o.is_contiguous() or o.dtype != q.dtype:
+        raise ValueError(f"ddtree_op: argument 'o' must be a contiguous {q.dtype} tensor of shape {(tokens, heads * LATENT_DIM)}, "
+                         f"got {o.dtype} {tuple(o.shape)}")
+    mla_tree_verify(
+        q,
+        k_buffer,
+        qo_indptr=qo_indptr,
+        kv_indptr=kv_indptr,
+        kv_indices=kv_indices,
+        out_cache_loc=out_cache_loc,
+        tree_mask=custom_mask,
+        mask_indptr=mask_indptr,
+        sm_scale=sm_scale,
+        mask_layout="full",
+        out=o.view(tokens, heads, LATENT_DIM),
+        max_draft_len=num_draft_tokens,
+        backend=backend,
+    )
+    return o
