@@ -55,8 +55,8 @@ def check_verify_shapes(
 ) -> None:
     _check_tensor("q", q, ndim=3, dtypes=ATTENTION_DTYPES)
     dev = q.device
-    if q.shape[-1] != QK_DIM:
-        _fail("q", f"[T, H, {QK_DIM}]", f"shape {tuple(q.shape)}")
+    if q.shape[-1] != QK_DIM or q.shape[1] == 0:
+        _fail("q", f"[T, H, {QK_DIM}] with H >= 1", f"shape {tuple(q.shape)}")
     if q.stride(-1) != 1:
         _fail("q", "contiguous in its last dimension", f"strides {q.stride()}")
 
