@@ -9,10 +9,8 @@ from .reference import tree_attention_reference
 BACKENDS = ("auto", "reference", "triton", "cutlass")
 
 
-def _cuda_backend(device: torch.device, backend: str) -> str:
-    if backend != "auto":
-        return backend
-    return "triton"
+# "auto" on CUDA: the Triton kernel until the sm_90a CUTLASS kernel exists.
+AUTO_CUDA_BACKEND = "triton"
 
 
 def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend):
@@ -24,7 +22,7 @@ def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, ma
             raise RuntimeError(f"ddtree_op: backend {backend!r} needs CUDA tensors; on {q.device} only the reference runs")
         tree_attention_reference(*args)
         return
-    chosen = _cuda_backend(q.device, backend)
+    chosen = AUTO_CUDA_BACKEND if backend == "auto" else backend
     with torch.cuda.device(q.device):
         if chosen == "reference":
             tree_attention_reference(*args)

@@ -20,7 +20,6 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 D_LATENT = tl.constexpr(512)
 D_ROPE = tl.constexpr(64)
 
