@@ -1,0 +1,78 @@
+// Tile shapes, shared-memory layouts and tensor-core atoms of the sm_90a verify kernel.
+//
+// A CTA owns 64 packed (draft row, head) rows of one request and walks a key range in tiles of
+// 64 keys. Two consumer warpgroups both compute S = Q K^T (64 x 64, over 576) and each owns
+// half of the 512 output columns (O is 64 x 256 fp32 per warpgroup: 128 registers a thread).
+// The KV tile in shared memory is laid out once, K-major with 128-byte swizzle; the same bytes
+// are read as the K-major B operand of Q K^T and, transposed, as the MN-major B operand of P V.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+
+namespace ddtree::sm90 {
+
+using namespace cute;
+
+template <class Element_>
+struct VerifyTraits {
+  using Element = Element_;
+  static constexpr int kRows = 64;        // packed (draft, head) rows per CTA
+  static constexpr int kKeys = 64;        // keys per tile
+  static constexpr int kQkDim = 576;      // 512 latent + 64 rope
+  static constexpr int kLatent = 512;     // V = first 512 columns of the same row
+  static constexpr int kHalf = 256;       // output columns per consumer warpgroup
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kStages = 2;       // KV tiles in flight
+  static constexpr int kChunksPerRow = kQkDim * int(sizeof(Element)) / 16;  // 16-byte cp.async chunks
+
+  using Rows = Int<kRows>;
+  using Keys = Int<kKeys>;
+  using QkDim = Int<kQkDim>;
+
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;  // 8 x 64 elements, rows of 128 B
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Rows, QkDim>{}));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Keys, QkDim>{}));
+  // V(n, k) = K(k, n): the same bytes, seen as an MN-major (column, key) operand. The K tile
+  // stores its 8 x 64 atoms key-block first; tiling the MN-major atom key-block first (Step<_2,_1>)
+  // puts every atom at the same offset.
+  using SmemLayoutV = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kLatent>, Keys>{},
+                                             Step<_2, _1>{}));
+
+  // S = Q K^T: A and B from shared memory, both K-major. One warpgroup per tiled MMA.
+  using TiledMmaQK = decltype(make_tiled_mma(
+      SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>{}));
+  // O += P V: A (probabilities) from registers, B = V from shared memory, MN-major.
+  using TiledMmaPV = decltype(make_tiled_mma(
+      SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<GMMA::Major::K, GMMA::Major::MN>{}));
+
+  static constexpr int kSmemQ = cosize_v<SmemLayoutQ> * int(sizeof(Element));
+  static constexpr int kSmemK = cosize_v<SmemLayoutK> * int(sizeof(Element));
+  static constexpr int kSmemBytes = kSmemQ + kStages * kSmemK;
+};
+
+// The fp16 kernel uses the same shapes with fp16 atoms.
+template <>
+struct VerifyTraits<cutlass::half_t> : VerifyTraits<cutlass::bfloat16_t> {
+  using Element = cutlass::half_t;
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using TiledMmaQK = decltype(make_tiled_mma(
+      SM90::GMMA::MMA_64x64x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::K>{}));
+  using TiledMmaPV = decltype(make_tiled_mma(
+      SM90::GMMA::MMA_64x256x16_F32F16F16_RS<GMMA::Major::K, GMMA::Major::MN>{}));
+};
+
+// The accumulator of S (64 x 64) holds, per thread, ((2 columns, 2 rows, 8 column blocks), 1, 1).
+// The A operand of a 64xNx16 RS GMMA holds ((2 columns, 2 rows, 2 k-halves), 1, k-steps).
+// Splitting the 8 column blocks into (2 halves, 4 k-steps) turns one into the other;
+// tests/layout_check.cu checks this against CuTe's own partitions on the host.
+template <class AccLayout>
+CUTE_HOST_DEVICE constexpr auto acc_layout_as_a_operand(AccLayout const& acc) {
+  auto values = get<0>(acc);                            // (2, 2, N/8)
+  auto blocks = logical_divide(get<2>(values), _2{});  // (2, N/16)
+  return make_layout(make_layout(get<0>(values), get<1>(values), get<0>(blocks)), get<1>(acc), get<1>(blocks));
+}
+
+}  // namespace ddtree::sm90

@@ -1,0 +1,60 @@
+// Host-side checks of the sm90 kernel's layout algebra (no GPU needed):
+//   nvcc -std=c++17 --expt-relaxed-constexpr -I<cutlass include> -I cutlass_kernels \
+//        cutlass_kernels/tests/layout_check.cu -o /tmp/layout_check && /tmp/layout_check
+// 1. P as the A operand of P V: every register holds the (row, key) of the S accumulator
+//    register it is reinterpreted from.
+// 2. The V view of the KV tile addresses the same element as the K view: V(n, k) == K(k, n).
+// 3. Both warpgroups' accumulators of S and O own the same two rows per thread.
+#include <cstdio>
+
+#include "sm90/traits.cuh"
+
+using namespace cute;
+using Traits = ddtree::sm90::VerifyTraits<cutlass::bfloat16_t>;
+
+int main() {
+  int failures = 0;
+  typename Traits::TiledMmaQK mma_qk;
+  typename Traits::TiledMmaPV mma_pv;
+  auto ident_s = make_identity_tensor(Shape<_64, _64>{});      // (row, key)
+  auto ident_o = make_identity_tensor(Shape<_64, Int<256>>{});  // (row, column)
+  for (int t = 0; t < 128; ++t) {
+    auto acc_coords = mma_qk.get_slice(t).partition_C(ident_s);
+    auto a_coords = mma_pv.get_slice(t).partition_A(ident_s);
+    auto as_a = make_tensor(acc_coords.data(), ddtree::sm90::acc_layout_as_a_operand(acc_coords.layout()));
+    if (size(as_a) != size(a_coords)) {
+      std::printf("size mismatch %d vs %d\n", int(size(as_a)), int(size(a_coords)));
+      return 1;
+    }
+    for (int i = 0; i < size(a_coords); ++i) {
+      if (as_a(i) != a_coords(i)) {
+        if (failures++ < 5) {
+          std::printf("thread %d value %d: acc (%d,%d) vs A operand (%d,%d)\n", t, i, int(get<0>(as_a(i))),
+                      int(get<1>(as_a(i))), int(get<0>(a_coords(i))), int(get<1>(a_coords(i))));
+        }
+      }
+    }
+    auto o_coords = mma_pv.get_slice(t).partition_C(ident_o);
+    int r0 = get<0>(acc_coords(0));
+    for (int i = 0; i < size(acc_coords); ++i) {
+      int r = get<0>(acc_coords(i));
+      if (r != r0 && r != r0 + 8) failures++;
+    }
+    for (int i = 0; i < size(o_coords); ++i) {
+      int r = get<0>(o_coords(i));
+      if (r != r0 && r != r0 + 8) failures++;
+    }
+  }
+  typename Traits::SmemLayoutK layout_k;
+  typename Traits::SmemLayoutV layout_v;
+  for (int key = 0; key < 64; ++key) {
+    for (int col = 0; col < 512; ++col) {
+      if (layout_v(col, key) != layout_k(key, col)) failures++;
+    }
+  }
+  std::printf("S shape per thread: "); print(shape(mma_qk.get_slice(0).partition_C(ident_s))); std::printf("\n");
+  std::printf("A shape per thread: "); print(shape(mma_pv.get_slice(0).partition_A(ident_s))); std::printf("\n");
+  std::printf("V layout: "); print(layout_v); std::printf("\n");
+  std::printf("%s (%d failures)\n", failures ? "FAILED" : "all layout checks passed", failures);
+  return failures ? 1 : 0;
+}
