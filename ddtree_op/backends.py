@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .reference import tree_attention_reference
@@ -9,8 +11,14 @@ from .reference import tree_attention_reference
 BACKENDS = ("auto", "reference", "triton", "cutlass")
 
 
-# "auto" on CUDA: the Triton kernel until the sm_90a CUTLASS kernel exists.
+# "auto" on CUDA: the Triton kernel until the sm_90a CUTLASS kernel has passed the GPU tests.
 AUTO_CUDA_BACKEND = "triton"
+# The sm_90a kernel compiles (HGMMA in SASS) but has not yet run on a GPU: opt in explicitly.
+EXPERIMENTAL_SM90_ENV = "DDTREE_EXPERIMENTAL_SM90"
+
+
+def sm90_kernel_enabled(device: torch.device) -> bool:
+    return os.environ.get(EXPERIMENTAL_SM90_ENV, "0") == "1" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend):
@@ -30,8 +38,12 @@ def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, ma
             from .triton_attention import tree_attention_triton
 
             tree_attention_triton(*args)
+        elif sm90_kernel_enabled(q.device):
+            from .sm90_attention import tree_attention_sm90
+
+            tree_attention_sm90(*args)
         else:
             raise RuntimeError(
-                "ddtree_op: no CUTLASS kernel is available in this build of ddtree_op; "
-                "use backend='triton' or backend='auto'"
+                "ddtree_op: backend 'cutlass' (the sm_90a kernel) is not available: it needs an sm_90 GPU and, "
+                f"until it has passed the GPU tests, {EXPERIMENTAL_SM90_ENV}=1; use backend='triton' or 'auto'"
             )

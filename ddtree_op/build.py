@@ -1,4 +1,9 @@
-"""Build and load the CUDA library (cutlass_kernels/): JIT on first CUDA use, or AOT from setup.py.
+"""Build and load the CUDA libraries (cutlass_kernels/): JIT on first CUDA use, or AOT from setup.py.
+
+Two libraries, so that the preparation kernels never depend on CUTLASS or on a Hopper GPU:
+- "prep" (cutlass_kernels/*.cu, *.cpp): combined indices and mask conversion, torch.ops.ddtree_cuda.*;
+- "sm90" (cutlass_kernels/sm90/*.cu): the CuTe/wgmma attention kernel, torch.ops.ddtree_sm90.*;
+  needs the nvidia-cutlass headers and an sm_90 GPU.
 
 The JIT build goes through torch.utils.cpp_extension + ninja into a directory named by a hash of
 the sources, the flags, the GPU arch and the torch/CUDA versions, so an edit or an upgrade
@@ -22,7 +27,7 @@ import torch
 
 log = logging.getLogger("ddtree_op")
 
-LIBRARY_NAMESPACE = "ddtree_cuda"  # ops of the compiled library: torch.ops.ddtree_cuda.*
+LIBRARIES = {"prep": "", "sm90": "sm90"}  # library -> folder of its .cu/.cpp under cutlass_kernels/
 
 
 def kernel_source_dir() -> Path:
@@ -32,8 +37,8 @@ def kernel_source_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def cuda_sources() -> list[Path]:
-    src = kernel_source_dir()
+def cuda_sources(library: str = "prep") -> list[Path]:
+    src = kernel_source_dir() / LIBRARIES[library]
     return sorted(p for p in src.iterdir() if p.suffix in (".cu", ".cpp"))
 
 
@@ -83,9 +88,10 @@ def cuda_build_flags(arch: str | None = None) -> dict[str, list[str]]:
     }
 
 
-def build_key(arch: str) -> str:
+def build_key(arch: str, library: str = "prep") -> str:
     digest = hashlib.sha256()
-    for path in cuda_sources() + _header_files():
+    digest.update(library.encode())
+    for path in cuda_sources(library) + _header_files():
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     digest.update(repr(cuda_build_flags(arch)).encode())
@@ -104,18 +110,28 @@ def _aot_library() -> Path | None:
     return found[0] if found else None
 
 
-@functools.lru_cache(maxsize=None)
 def load_cuda_library() -> str:
-    """Loads (building on first use) the library that registers torch.ops.ddtree_cuda.*; returns its path."""
-    aot = _aot_library()
+    """The preparation kernels' library (torch.ops.ddtree_cuda.*), built on first use."""
+    return load_library("prep")
+
+
+@functools.lru_cache(maxsize=None)
+def load_library(library: str) -> str:
+    """Loads (building on first use) one of LIBRARIES; returns the path of the shared object."""
+    aot = _aot_library() if library == "prep" else None
     if aot is not None and os.environ.get("DDTREE_FORCE_JIT", "0") != "1":
         torch.ops.load_library(str(aot))
         return str(aot)
     from torch.utils.cpp_extension import load
 
     arch = gpu_arch()
-    key = build_key(arch)
-    name = f"ddtree_cuda_{key}"
+    include = [str(kernel_source_dir())]
+    if library == "sm90":
+        if arch != "90a":
+            raise RuntimeError(f"ddtree_op: the CUTLASS kernel needs an sm_90 GPU (Hopper); this one is sm_{arch}")
+        include.append(str(cutlass_include_dir()))  # raises with the install hint when missing
+    key = build_key(arch, library)
+    name = f"ddtree_{library}_{key}"
     build_dir = cache_root() / f"sm{arch}" / name
     build_dir.mkdir(parents=True, exist_ok=True)
     built = build_dir / f"{name}.so"
@@ -126,26 +142,18 @@ def load_cuda_library() -> str:
             log.warning("ddtree_op: removing a stale build lock %s left by an interrupted build", stale)
             stale.unlink()
         if not built.exists():
-            msg = f"ddtree_op: compiling CUDA kernels for sm_{arch} (first use; takes a while, cached in {build_dir})"
+            msg = f"ddtree_op: compiling the {library} CUDA kernels for sm_{arch} (first use; takes a while, cached in {build_dir})"
             log.warning(msg)
         flags = cuda_build_flags(arch)
         path = load(
             name=name,
-            sources=[str(p) for p in cuda_sources()],
+            sources=[str(p) for p in cuda_sources(library)],
             extra_cflags=flags["cxx"],
             extra_cuda_cflags=flags["nvcc"],
-            extra_include_paths=[str(kernel_source_dir()), *_optional_cutlass_include()],
+            extra_include_paths=include,
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=os.environ.get("DDTREE_BUILD_VERBOSE", "0") == "1",
         )
     return str(path if path else built)
 
-
-def _optional_cutlass_include() -> list[str]:
-    """The CUTLASS include path when the wheel is installed; sources that need it fail to
-    compile with a message pointing here otherwise."""
-    try:
-        return [str(cutlass_include_dir())]
-    except RuntimeError:
-        return []

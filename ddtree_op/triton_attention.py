@@ -12,12 +12,13 @@ qo_indptr on the device, so the launch replays under CUDA graphs with new length
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 import triton
 import triton.language as tl
+
+from .schedule import num_kv_splits, sm_count
 
 LOG2E = 1.4426950408889634
 D_LATENT = tl.constexpr(512)
@@ -179,29 +180,12 @@ def _combine_splits_kernel(
     tl.store(lse_ptr + t * stride_lt + h * stride_lh, lse, mask=ok)
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 # Tile configuration; tuned on the H200 (see bench/results and the kernel notes).
 BLOCK_M = 64
 BLOCK_N = 64
 NUM_WARPS = 8
 NUM_STAGES = 1
 DV_PARTS = 1
-MAX_SPLITS = 32
-MIN_KEYS_PER_SPLIT = 256
-
-
-def num_kv_splits(num_tokens: int, heads: int, batch: int, num_keys_bound: int, sm_count: int, block_m: int = BLOCK_M) -> int:
-    """Key-range splits per row block, from shapes only: enough programs to fill the GPU twice,
-    but no split shorter than MIN_KEYS_PER_SPLIT keys on average (num_keys_bound / batch)."""
-    row_blocks = max(1, math.ceil(num_tokens * heads / block_m))
-    want = math.ceil(2 * sm_count / row_blocks)
-    keys_per_request = num_keys_bound / max(batch, 1)
-    by_length = max(1, int(keys_per_request // MIN_KEYS_PER_SPLIT))
-    return max(1, min(want, by_length, MAX_SPLITS))
 
 
 def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse,
@@ -212,7 +196,7 @@ def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices,
     if num_tokens == 0:
         return
     if num_splits is None:
-        num_splits = num_kv_splits(num_tokens, heads, batch, verify_indices.numel(), _sm_count(q.device.index), block_m)
+        num_splits = num_kv_splits(num_tokens, heads, batch, verify_indices.numel(), sm_count(q.device), block_m)
     # Enough programs for every request's row blocks plus the padding rows.
     grid_blocks = math.ceil(num_tokens * heads / block_m) + batch + 1
     if num_splits > 1:
@@ -234,11 +218,17 @@ def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
-        block_r = 16
-        _combine_splits_kernel[(math.ceil(num_tokens * heads / block_r),)](
-            part_out, part_lse, qo_indptr, batch,
-            out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
-            num_tokens,
-            HEADS=heads, BLOCK_R=block_r, NUM_SPLITS=num_splits, num_warps=4,
-        )
+        combine_splits(part_out, part_lse, qo_indptr, out, lse)
     return kernel
+
+
+def combine_splits(part_out, part_lse, qo_indptr, out, lse):
+    """out/lse of the valid rows from per-split partials ([S, T*H, 512] and [S, T*H] float32)."""
+    num_tokens, heads = out.shape[0], out.shape[1]
+    block_r = 16
+    _combine_splits_kernel[(math.ceil(num_tokens * heads / block_r),)](
+        part_out, part_lse, qo_indptr, qo_indptr.numel() - 1,
+        out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
+        num_tokens,
+        HEADS=heads, BLOCK_R=block_r, NUM_SPLITS=part_out.shape[0], num_warps=4,
+    )

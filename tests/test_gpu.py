@@ -14,7 +14,11 @@ pytestmark = needs_cuda
 
 
 def cuda_backends():
-    return ["triton"]
+    """Every CUDA kernel this machine runs: the Triton fallback, and the sm_90a kernel where enabled."""
+    from ddtree_op.backends import sm90_kernel_enabled
+
+    enabled = torch.cuda.is_available() and sm90_kernel_enabled(torch.device("cuda"))
+    return ["triton"] + (["cutlass"] if enabled else [])
 
 
 def assert_matches_reference(out, lse, ref_out, ref_lse, tol=2e-2):

@@ -1,0 +1,92 @@
+// Host side of the sm_90a verify kernel: checks, launch on the current stream, op registration
+// (torch.ops.ddtree_sm90.tree_attention). Built as its own library (ddtree_op/build.py), so the
+// preparation kernels never depend on CUTLASS or on a Hopper GPU.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "verify_attention.cuh"
+
+namespace {
+
+using ddtree::sm90::VerifyParams;
+using ddtree::sm90::VerifyTraits;
+
+template <class Element>
+void launch(const VerifyParams& params, dim3 grid, cudaStream_t stream) {
+  using Traits = VerifyTraits<Element>;
+  auto kernel = ddtree::sm90::verify_attention_kernel<Traits>;
+  const int smem = Traits::kSmemBytes + 1024;  // + alignment slack for the swizzled tiles
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(params);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& qo_indptr,
+                         const at::Tensor& verify_indptr, const at::Tensor& verify_indices,
+                         const at::Tensor& mask_words, double sm_scale, at::Tensor& out, at::Tensor& lse,
+                         at::Tensor& part_out, at::Tensor& part_lse, int64_t num_splits) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  TORCH_CHECK(q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1, "ddtree_op: 'q' must be [T, H, 576], last dim contiguous");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, "ddtree_op: 'q' must be bf16 or fp16");
+  TORCH_CHECK(kv_cache.dim() == 2 && kv_cache.size(1) == 576 && kv_cache.stride(1) == 1 && kv_cache.scalar_type() == q.scalar_type(),
+              "ddtree_op: 'kv_cache' must be [S, 576] rows of q's dtype");
+  TORCH_CHECK(q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && kv_cache.stride(0) % 8 == 0,
+              "ddtree_op: the sm90 kernel needs 16-byte aligned rows of q and kv_cache");
+  TORCH_CHECK(verify_indptr.scalar_type() == at::kInt && verify_indices.scalar_type() == at::kInt &&
+                  verify_indptr.is_contiguous() && verify_indices.is_contiguous(),
+              "ddtree_op: verify_indptr/verify_indices must be contiguous int32");
+  TORCH_CHECK(mask_words.scalar_type() == at::kLong && mask_words.dim() == 2 && mask_words.stride(1) == 1,
+              "ddtree_op: 'mask_words' must be int64 [T, W]");
+  check_index_tensor(qo_indptr, "qo_indptr");
+  TORCH_CHECK(num_splits >= 1, "ddtree_op: num_splits must be >= 1");
+  const int64_t tokens = q.size(0), heads = q.size(1), batch = qo_indptr.numel() - 1;
+  if (tokens == 0) return;
+
+  VerifyParams params{};
+  params.q = q.data_ptr();
+  params.q_stride_token = q.stride(0);
+  params.q_stride_head = q.stride(1);
+  params.kv = kv_cache.data_ptr();
+  params.kv_stride = kv_cache.stride(0);
+  params.qo_indptr = view_of(qo_indptr);
+  params.verify_indptr = verify_indptr.data_ptr<int32_t>();
+  params.verify_indices = verify_indices.data_ptr<int32_t>();
+  params.mask_words = mask_words.data_ptr<int64_t>();
+  params.mask_stride = mask_words.stride(0);
+  params.out = out.data_ptr();
+  params.out_stride_token = out.stride(0);
+  params.out_stride_head = out.stride(1);
+  params.lse = lse.data_ptr<float>();
+  params.lse_stride_token = lse.stride(0);
+  params.lse_stride_head = lse.stride(1);
+  params.part_out = num_splits > 1 ? part_out.data_ptr<float>() : nullptr;
+  params.part_lse = num_splits > 1 ? part_lse.data_ptr<float>() : nullptr;
+  params.num_tokens = static_cast<int>(tokens);
+  params.heads = static_cast<int>(heads);
+  params.batch = static_cast<int>(batch);
+  params.num_splits = static_cast<int>(num_splits);
+  params.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
+
+  const int row_blocks = static_cast<int>((tokens * heads + 63) / 64);
+  const dim3 grid(row_blocks + static_cast<int>(batch) + 1, static_cast<unsigned>(num_splits));
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  if (q.scalar_type() == at::kBFloat16) {
+    launch<cutlass::bfloat16_t>(params, grid, stream);
+  } else {
+    launch<cutlass::half_t>(params, grid, stream);
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(ddtree_sm90, m) {
+  m.def(
+      "tree_attention(Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor verify_indptr, Tensor verify_indices,"
+      " Tensor mask_words, float sm_scale, Tensor(a!) out, Tensor(b!) lse, Tensor(c!) part_out,"
+      " Tensor(d!) part_lse, int num_splits) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(ddtree_sm90, CUDA, m) { m.impl("tree_attention", &tree_attention_sm90); }

@@ -1,0 +1,286 @@
+// Tree-masked MLA verify attention for sm_90a: wgmma (HGMMA) for Q K^T and P V, cp.async
+// gather of scattered 576-wide KV rows into swizzled shared memory, online softmax in fp32.
+//
+// Grid: (row blocks + B + 1, key splits). Block x of request b covers packed rows
+// [64 * (x - first block of b), +64) of that request, row = draft * H + head; the request is found
+// on the device from qo_indptr, so grid and launch depend on shapes only. Leftover blocks write
+// the padding rows (t >= qo_indptr[B]). With one split the kernel writes out/lse; with more it
+// writes fp32 partials that a combine kernel merges by LSE.
+//
+// Per CTA: 2 warpgroups. Both compute S = Q K^T for the tile (64 x 64 over 576, redundant; the
+// FlashMLA "seesaw" removes this in a later version), warpgroup w accumulates output columns
+// [256 w, 256 w + 256). KV tiles are double-buffered: the gather of tile n + 1 is in flight while
+// tile n is multiplied.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+
+#include "../index_view.cuh"
+#include "traits.cuh"
+
+namespace ddtree::sm90 {
+
+struct VerifyParams {
+  const void* q;
+  int64_t q_stride_token, q_stride_head;
+  const void* kv;
+  int64_t kv_stride;
+  IndexView qo_indptr;
+  const int32_t* verify_indptr;
+  const int32_t* verify_indices;
+  const int64_t* mask_words;
+  int64_t mask_stride;
+  void* out;
+  int64_t out_stride_token, out_stride_head;
+  float* lse;
+  int64_t lse_stride_token, lse_stride_head;
+  float* part_out;  // [splits, T * H, 512] when splits > 1
+  float* part_lse;  // [splits, T * H]
+  int num_tokens, heads, batch, num_splits;
+  float scale_log2;  // sm_scale * log2(e)
+};
+
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  const int src_size = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_size));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffff, v, 1);
+  return v + __shfl_xor_sync(0xffffffff, v, 2);
+}
+
+// Runs a warpgroup GEMM over all k-blocks: zero_init starts from 0, else accumulates into acc.
+template <bool kZeroInit, class TiledMma, class TA, class TB, class TC>
+__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA const& a, TB const& b, TC& acc) {
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    cute::gemm(mma, a(_, _, k), b(_, _, k), acc);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc);
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(const __grid_constant__ VerifyParams p) {
+  using Element = typename Traits::Element;
+  constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kChunks = Traits::kChunksPerRow;
+  constexpr int kLatent = Traits::kLatent, kHalf = Traits::kHalf, kThreads = Traits::kThreads;
+
+  extern __shared__ uint8_t smem_raw[];
+  // SW128 atoms need 1024-byte alignment; the launch asks for 1 KB of slack.
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  Element* smem_q = reinterpret_cast<Element*>(smem);
+  Element* smem_k = reinterpret_cast<Element*>(smem + Traits::kSmemQ);
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});
+
+  const int tid = threadIdx.x;
+  const int warpgroup = tid / 128;
+  const int wg_thread = tid % 128;
+  const int block = blockIdx.x;
+  const int split = blockIdx.y;
+
+  // Which request owns this block (the batch is small: a linear scan, all from L1/L2).
+  int request = -1, first_block = 0, blocks_before = 0;
+  for (int b = 0; b < p.batch; ++b) {
+    const int rows = static_cast<int>(p.qo_indptr[b + 1] - p.qo_indptr[b]) * p.heads;
+    const int blocks = (rows + kRows - 1) / kRows;
+    if (request < 0 && block < blocks_before + blocks) {
+      request = b;
+      first_block = blocks_before;
+    }
+    blocks_before += blocks;
+  }
+
+  if (request < 0) {  // padding rows: out 0, lse -inf (split 0 only)
+    if (split != 0) return;
+    const int64_t row_begin = p.qo_indptr[p.batch] * p.heads + int64_t(block - blocks_before) * kRows;
+    const int64_t row_end = int64_t(p.num_tokens) * p.heads;
+    Element* out = static_cast<Element*>(p.out);
+    for (int i = tid; i < kRows * kLatent; i += kThreads) {
+      const int64_t row = row_begin + i / kLatent;
+      if (row >= row_end) continue;
+      const int64_t t = row / p.heads, h = row % p.heads;
+      out[t * p.out_stride_token + h * p.out_stride_head + i % kLatent] = Element(0.f);
+      if (i % kLatent == 0) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = -INFINITY;
+    }
+    return;
+  }
+
+  const int64_t q_lo = p.qo_indptr[request];
+  const int num_draft = static_cast<int>(p.qo_indptr[request + 1] - q_lo);
+  const int kv_lo = p.verify_indptr[request];
+  const int kv_len = p.verify_indptr[request + 1] - kv_lo;
+  const int prefix_len = kv_len - num_draft;
+  const int num_rows = num_draft * p.heads;
+  const int row0 = (block - first_block) * kRows;
+
+  const int per_split = (kv_len + p.num_splits - 1) / p.num_splits;
+  const int chunk = (per_split + kKeys - 1) / kKeys * kKeys;
+  const int kv_begin = split * chunk;
+  const int kv_end = min(kv_len, kv_begin + chunk);
+  const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kKeys - 1) / kKeys : 0;
+
+  const Element* q_ptr = static_cast<const Element*>(p.q);
+  const Element* kv_ptr = static_cast<const Element*>(p.kv);
+  auto load_kv_tile = [&](int stage, int tile) {
+    Tensor sK = make_tensor(make_smem_ptr(smem_k + stage * cosize_v<typename Traits::SmemLayoutK>),
+                            typename Traits::SmemLayoutK{});
+    const int kv0 = kv_begin + tile * kKeys;
+    for (int c = tid; c < kKeys * kChunks; c += kThreads) {
+      const int key = c / kChunks, part = c % kChunks;
+      const int kv = kv0 + key;
+      const bool valid = kv < kv_end;
+      const int64_t slot = valid ? p.verify_indices[kv_lo + kv] : 0;
+      cp_async_16(&sK(key, part * 8), kv_ptr + slot * p.kv_stride + part * 8, valid);
+    }
+  };
+
+  if (num_tiles > 0) {
+    for (int c = tid; c < kRows * kChunks; c += kThreads) {
+      const int r = c / kChunks, part = c % kChunks;
+      const int row = row0 + r;
+      const bool valid = row < num_rows;
+      const int64_t t = q_lo + (valid ? row / p.heads : 0), h = valid ? row % p.heads : 0;
+      cp_async_16(&sQ(r, part * 8), q_ptr + t * p.q_stride_token + h * p.q_stride_head + part * 8, valid);
+    }
+    load_kv_tile(0, 0);
+  }
+  cp_async_commit();
+
+  typename Traits::TiledMmaQK mma_qk;
+  typename Traits::TiledMmaPV mma_pv;
+  auto thr_qk = mma_qk.get_slice(wg_thread);
+  auto thr_pv = mma_pv.get_slice(wg_thread);
+  Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kKeys>>{});
+  Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kRows>, Int<kHalf>>{});
+  clear(acc_o);
+  Tensor coord_s = thr_qk.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kKeys>>{}));
+  Tensor coord_o = thr_pv.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kHalf>>{}));
+  const int my_row = get<0>(coord_s(0));  // this thread's rows: my_row and my_row + 8
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};  // this thread's columns only; reduced over the quad at the end
+
+  Tensor frag_q = thr_qk.partition_fragment_A(sQ);
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int stage = tile % Traits::kStages;
+    if (tile + 1 < num_tiles) {
+      load_kv_tile((tile + 1) % Traits::kStages, tile + 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    cutlass::arch::fence_view_async_shared();  // cp.async writes -> wgmma (async proxy) reads
+    __syncthreads();
+
+    Element* stage_ptr = smem_k + stage * cosize_v<typename Traits::SmemLayoutK>;
+    Tensor sK = make_tensor(make_smem_ptr(stage_ptr), typename Traits::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(stage_ptr), typename Traits::SmemLayoutV{});
+    Tensor sV_half = local_tile(sV, Shape<Int<kHalf>, Int<kKeys>>{}, make_coord(warpgroup, 0));
+
+    warpgroup_gemm<true>(mma_qk, frag_q, thr_qk.partition_fragment_B(sK), acc_s);
+
+    // Scale to base 2, mask, online softmax (each row lives in one quad of lanes).
+    const int kv0 = kv_begin + tile * kKeys;
+    const bool has_drafts = kv0 + kKeys > prefix_len;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) {
+      const int r = get<0>(coord_s(i)), col = get<1>(coord_s(i));
+      const int kv = kv0 + col;
+      bool visible = kv < kv_end;
+      if (has_drafts && kv >= prefix_len) {
+        const int row = row0 + r;
+        const int draft_col = kv - prefix_len;
+        if (row < num_rows) {
+          const int64_t t = q_lo + row / p.heads;
+          const uint64_t word = static_cast<uint64_t>(p.mask_words[t * p.mask_stride + draft_col / 64]);
+          visible = visible && ((word >> (draft_col % 64)) & 1);
+        }
+      }
+      const float s = visible ? acc_s(i) * p.scale_log2 : -INFINITY;
+      acc_s(i) = s;
+      const int which = r == my_row ? 0 : 1;
+      tile_max[which] = fmaxf(tile_max[which], s);
+    }
+    float alpha[2], m_safe[2];
+    CUTE_UNROLL
+    for (int j = 0; j < 2; ++j) {
+      const float m_new = fmaxf(row_max[j], quad_max(tile_max[j]));
+      m_safe[j] = m_new == -INFINITY ? 0.f : m_new;  // a row that saw nothing yet stays at 0
+      alpha[j] = exp2f(row_max[j] - m_safe[j]);
+      row_max[j] = m_new;
+      row_sum[j] *= alpha[j];
+    }
+    Tensor probs = make_tensor<Element>(acc_s.layout());
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_s); ++i) {
+      const int which = get<0>(coord_s(i)) == my_row ? 0 : 1;
+      const float e = exp2f(acc_s(i) - m_safe[which]);
+      row_sum[which] += e;
+      probs(i) = Element(e);
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= alpha[get<0>(coord_o(i)) == my_row ? 0 : 1];
+
+    Tensor frag_p = make_tensor(probs.data(), acc_layout_as_a_operand(probs.layout()));
+    warpgroup_gemm<false>(mma_pv, frag_p, thr_pv.partition_fragment_B(sV_half), acc_o);
+    __syncthreads();  // both warpgroups are done with this stage before it is refilled
+  }
+
+  float lse_row[2], inv_sum[2];
+  CUTE_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    const float total = quad_sum(row_sum[j]);
+    inv_sum[j] = total > 0.f ? 1.f / total : 0.f;
+    lse_row[j] = total > 0.f ? (row_max[j] + log2f(total)) * 0.6931471805599453f : -INFINITY;
+  }
+
+  const int64_t stride_split = int64_t(p.num_tokens) * p.heads;
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_o); ++i) {
+    const int r = get<0>(coord_o(i)), col = warpgroup * kHalf + get<1>(coord_o(i));
+    const int row = row0 + r;
+    if (row >= num_rows) continue;
+    const int which = r == my_row ? 0 : 1;
+    const int64_t t = q_lo + row / p.heads, h = row % p.heads;
+    const float value = acc_o(i) * inv_sum[which];
+    if (p.num_splits == 1) {
+      static_cast<Element*>(p.out)[t * p.out_stride_token + h * p.out_stride_head + col] = Element(value);
+    } else {
+      p.part_out[(split * stride_split + t * p.heads + h) * kLatent + col] = value;
+    }
+  }
+  if (warpgroup == 0 && wg_thread % 4 == 0) {  // one lane of each quad writes its two rows' LSE
+    CUTE_UNROLL
+    for (int j = 0; j < 2; ++j) {
+      const int row = row0 + my_row + 8 * j;
+      if (row >= num_rows) continue;
+      const int64_t t = q_lo + row / p.heads, h = row % p.heads;
+      if (p.num_splits == 1) {
+        p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = lse_row[j];
+      } else {
+        p.part_lse[split * stride_split + t * p.heads + h] = lse_row[j];
+      }
+    }
+  }
+}
+
+}  // namespace ddtree::sm90

@@ -1,0 +1,26 @@
+"""Host-side checks of the sm_90a kernel's layout algebra (cutlass_kernels/tests/layout_check.cu):
+compiled with nvcc and run on the CPU, so CI checks them without a GPU."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from ddtree_op.build import cutlass_include_dir, kernel_source_dir
+
+
+def test_sm90_layouts_hold_on_the_host(tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found: the host-side layout check needs the CUDA compiler")
+    try:
+        include = cutlass_include_dir()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    source = kernel_source_dir() / "tests" / "layout_check.cu"
+    binary = tmp_path / "layout_check"
+    subprocess.run([nvcc, "-std=c++17", "--expt-relaxed-constexpr", f"-I{include}", f"-I{kernel_source_dir()}",
+                    str(source), "-o", str(binary)], check=True, capture_output=True, text=True)
+    result = subprocess.run([str(binary)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "all layout checks passed" in result.stdout
