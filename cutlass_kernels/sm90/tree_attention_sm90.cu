@@ -33,8 +33,11 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, "ddtree_op: 'q' must be bf16 or fp16");
   TORCH_CHECK(kv_cache.dim() == 2 && kv_cache.size(1) == 576 && kv_cache.stride(1) == 1 && kv_cache.scalar_type() == q.scalar_type(),
               "ddtree_op: 'kv_cache' must be [S, 576] rows of q's dtype");
-  TORCH_CHECK(q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0 && kv_cache.stride(0) % 8 == 0,
-              "ddtree_op: the sm90 kernel needs 16-byte aligned rows of q and kv_cache");
+  auto aligned16 = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  TORCH_CHECK(aligned16(q) && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0,
+              "ddtree_op: argument 'q' must have 16-byte aligned rows for backend 'cutlass' (use backend 'triton')");
+  TORCH_CHECK(aligned16(kv_cache) && kv_cache.stride(0) % 8 == 0,
+              "ddtree_op: argument 'kv_cache' must have 16-byte aligned rows for backend 'cutlass' (use backend 'triton')");
   TORCH_CHECK(verify_indptr.scalar_type() == at::kInt && verify_indices.scalar_type() == at::kInt &&
                   verify_indptr.is_contiguous() && verify_indices.is_contiguous(),
               "ddtree_op: verify_indptr/verify_indices must be contiguous int32");

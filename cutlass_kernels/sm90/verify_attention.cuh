@@ -241,6 +241,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= alpha[get<0>(coord_o(i)) == my_row ? 0 : 1];
 
     Tensor frag_p = make_tensor(probs.data(), acc_layout_as_a_operand(probs.layout()));
+    warpgroup_fence_operand(frag_p);  // the registers the RS wgmma reads are final here
     warpgroup_gemm<false>(mma_pv, frag_p, thr_pv.partition_fragment_B(sV_half), acc_o);
     __syncthreads();  // both warpgroups are done with this stage before it is refilled
   }
