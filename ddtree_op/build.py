@@ -70,12 +70,13 @@ def gpu_arch(device_index: int | None = None) -> str:
 
 
 def cuda_build_flags(arch: str | None = None) -> dict[str, list[str]]:
+    # No -std here: torch.utils.cpp_extension adds the standard its own headers need
+    # (C++17 up to torch 2.12, C++20 from 2.13, whose headers use `requires`).
     arch = arch or gpu_arch()
     return {
-        "cxx": ["-O3", "-std=c++17"],
+        "cxx": ["-O3"],
         "nvcc": [
             "-O3",
-            "-std=c++17",
             f"-gencode=arch=compute_{arch},code=sm_{arch}",  # names an arch: torch adds no other
             "--expt-relaxed-constexpr",
             "--expt-extended-lambda",

@@ -1,0 +1,43 @@
+"""The CUDA build's pure-Python parts: sources per library, cache keys, shipped sources."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from ddtree_op import build
+
+
+def test_each_library_has_its_sources():
+    prep = {p.name for p in build.cuda_sources("prep")}
+    sm90 = {p.name for p in build.cuda_sources("sm90")}
+    assert {"verify_indices.cu", "tree_mask.cu", "registration.cpp"} <= prep
+    assert sm90 == {"tree_attention_sm90.cu"}
+
+
+def test_build_key_depends_on_arch_and_library_and_is_stable():
+    keys = {build.build_key(arch, lib) for arch in ("90a", "80") for lib in ("prep", "sm90")}
+    assert len(keys) == 4
+    assert build.build_key("90a", "sm90") == build.build_key("90a", "sm90")
+
+
+def test_flags_target_the_arch_and_leave_the_standard_to_torch():
+    nvcc = build.cuda_build_flags("90a")["nvcc"]
+    assert "-gencode=arch=compute_90a,code=sm_90a" in nvcc
+    assert not any(flag.startswith("-std=") for flag in nvcc + build.cuda_build_flags("90a")["cxx"])
+
+
+def test_wheel_ships_every_kernel_source(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                             "-w", str(tmp_path), str(repo)], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"could not build a wheel here: {result.stderr[-300:]}")
+    (wheel,) = tmp_path.glob("ddtree_op-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for source in list(build.kernel_source_dir().rglob("*.cu")) + list(build.kernel_source_dir().rglob("*.cuh")) + \
+            list(build.kernel_source_dir().glob("*.cpp")):
+        relative = source.relative_to(build.kernel_source_dir().parent).as_posix()
+        assert relative in names, f"{relative} is not in the wheel"
