@@ -10,6 +10,18 @@ struct IndexView {
   }
 };
 
+// The request that owns position `pos` of a segmented array: the last b in [0, batch) with
+// indptr[b] <= pos (binary search; empty requests are skipped over).
+template <class Indptr>
+__device__ __forceinline__ int owning_request(const Indptr& indptr, int batch, int64_t pos) {
+  int lo = 0, hi = batch - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (indptr[mid] <= pos) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 inline IndexView view_of(const at::Tensor& t) { return {t.data_ptr(), t.scalar_type() == at::kLong}; }
 
 inline void check_index_tensor(const at::Tensor& t, const char* name) {

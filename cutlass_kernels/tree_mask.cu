@@ -28,12 +28,7 @@ __global__ void convert_tree_mask_kernel(const uint8_t* __restrict__ mask, int64
   const int word = static_cast<int>(idx % words_per_row);
   uint64_t bits = 0;
   if (batch > 0 && row >= qo_indptr[0] && row < qo_indptr[batch]) {
-    int lo = 0, hi = batch - 1;  // last request b with qo_indptr[b] <= row
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (qo_indptr[mid] <= row) lo = mid; else hi = mid - 1;
-    }
-    const int b = lo;
+    const int b = owning_request(qo_indptr, batch, row);
     const int64_t draft_row = row - qo_indptr[b];
     const int64_t num_draft = qo_indptr[b + 1] - qo_indptr[b];
     const int64_t col0 = static_cast<int64_t>(word) * 64;

@@ -53,12 +53,7 @@ __global__ void gather_verify_indices(IndexView qo_indptr, IndexView kv_indptr, 
     verify_indices[pos] = 0;
     return;
   }
-  int lo = 0, hi = batch - 1;  // last b with verify_indptr[b] <= pos
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (verify_indptr[mid] <= pos) lo = mid; else hi = mid - 1;
-  }
-  const int b = lo;
+  const int b = owning_request(verify_indptr, batch, pos);
   const int64_t offset = pos - verify_indptr[b];
   const int64_t prefix_len = kv_indptr[b + 1] - kv_indptr[b];
   const int64_t slot = offset < prefix_len ? kv_indices[kv_indptr[b] + offset]
