@@ -53,6 +53,25 @@ def time_graph(launches, replays: int = 20) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def time_eager(launch, repeats: int = 5) -> float:
+    """Median seconds of an eager call (for the host-synchronizing reference, which cannot be
+    captured in a graph), timed with events after one warm-up."""
+    launch()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+# The float32 reference is timed only where it is quick (its loops read lengths on the host).
+REFERENCE_MAX_FLOOR_US = 5.0
+
+
 def measure_ceilings() -> dict:
     """Device copy (bytes read + written, best of two sizes) and an 8192^3 bf16 matmul."""
     copy_rates = []
@@ -141,8 +160,10 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
             timings[backend] = time_graph([i.attention(backend) for i in inputs])
     for name, config in triton_configs.items():
         timings[name] = time_graph([i.attention("triton", **config) for i in inputs])
+    if floor * 1e6 < REFERENCE_MAX_FLOOR_US:
+        timings["reference(eager)"] = time_eager(inputs[0].attention("reference"))
     if with_prep:
-        best = min((b for b in backends if b != "sglang_baseline"), key=lambda b: timings[b], default=None)
+        best = min((b for b in backends if b not in ("sglang_baseline", "reference")), key=lambda b: timings[b], default=None)
         if best is not None:
             timings[f"step[{best}]"] = time_graph([i.whole_step(best) for i in inputs])
         timings["index_build"] = time_graph([i.index_build() for i in inputs])
