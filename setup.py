@@ -1,6 +1,7 @@
-"""Packaging. The CUDA library is JIT-built on first use (ddtree_op/build.py); set
-DDTREE_AOT_BUILD=1 to compile it ahead of time instead (needs torch with CUDA, nvcc and
-nvidia-cutlass in the build environment: `pip install --no-build-isolation .`)."""
+"""Packaging. The CUDA libraries are JIT-built on first use (ddtree_op/build.py); set
+DDTREE_AOT_BUILD=1 to compile the preparation kernels ahead of time instead (needs torch with
+CUDA and nvcc in the build environment: `pip install --no-build-isolation .`; the target arch
+comes from the visible GPU or DDTREE_CUDA_ARCH). The sm_90a attention kernel is always JIT-built."""
 
 import os
 
@@ -12,13 +13,13 @@ def aot_extensions():
         return {}
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
-    from ddtree_op.build import cuda_build_flags, cuda_sources, cutlass_include_dir
+    from ddtree_op.build import cuda_build_flags, cuda_sources, kernel_source_dir
 
     flags = cuda_build_flags()
     ext = CUDAExtension(
         name="ddtree_op._cuda_aot",
         sources=[str(p) for p in cuda_sources()],
-        include_dirs=[str(cutlass_include_dir())],
+        include_dirs=[str(kernel_source_dir())],
         extra_compile_args={"cxx": flags["cxx"], "nvcc": flags["nvcc"]},
     )
     return {"ext_modules": [ext], "cmdclass": {"build_ext": BuildExtension}}
