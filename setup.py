@@ -4,6 +4,7 @@ CUDA and nvcc in the build environment: `pip install --no-build-isolation .`; th
 comes from the visible GPU or DDTREE_CUDA_ARCH). The sm_90a attention kernel is always JIT-built."""
 
 import os
+from glob import glob
 
 from setuptools import setup
 
@@ -13,13 +14,14 @@ def aot_extensions():
         return {}
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
-    from ddtree_op.build import cuda_build_flags, cuda_sources, kernel_source_dir
+    from ddtree_op.build import cuda_build_flags
 
     flags = cuda_build_flags()
     ext = CUDAExtension(
         name="ddtree_op._cuda_aot",
-        sources=[str(p) for p in cuda_sources()],
-        include_dirs=[str(kernel_source_dir())],
+        # setuptools wants paths relative to this file: the prep library's sources, as build.py lists them
+        sources=sorted(glob("cutlass_kernels/*.cu") + glob("cutlass_kernels/*.cpp")),
+        include_dirs=[os.path.abspath("cutlass_kernels")],
         extra_compile_args={"cxx": flags["cxx"], "nvcc": flags["nvcc"]},
     )
     return {"ext_modules": [ext], "cmdclass": {"build_ext": BuildExtension}}
