@@ -207,3 +207,43 @@ def test_device_mismatch_names_argument():
     kwargs["kv_indices"] = kwargs["kv_indices"].cpu()
     with pytest.raises(ValueError, match="'kv_indices'"):
         mla_tree_verify(vb.q, vb.kv_cache, **kwargs)
+
+
+EDGE_CASES = [
+    ([5], [1], 16),  # q_len 1
+    ([0, 0], [3, 4], 16),  # no prefix at all
+    ([40, 7, 9], [0, 5, 0], 16),  # requests with no drafts
+    ([131072], [8], 16),  # B = 1, P = 128k
+    ([2000], [64], 128),  # H = 128, n = 64
+]
+
+
+@pytest.mark.parametrize("backend", cuda_backends())
+@pytest.mark.parametrize("case", EDGE_CASES, ids=case_id)
+def test_edge_shapes(backend, case):
+    vb = make_gpu_case(case, "full", torch.bfloat16, seed=EDGE_CASES.index(case))
+    assert_matches_reference(*run_and_reference(vb, backend))
+
+
+@pytest.mark.parametrize("backend", cuda_backends())
+def test_all_padding_batch(backend):
+    vb = make_verify_batch([0, 0], [0, 0], 16, device="cuda", pad_rows=7)  # no draft rows at all
+    out = torch.full((7, 16, 512), float("nan"), device="cuda", dtype=vb.q.dtype)
+    lse = torch.full((7, 16), float("nan"), device="cuda")
+    mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=out, lse=lse, backend=backend)
+    assert torch.all(out == 0) and torch.all(lse == float("-inf"))
+
+
+@pytest.mark.parametrize("backend", cuda_backends())
+def test_slots_above_4m_need_64_bit_offsets(backend):
+    """slot * 576 overflows int32 above 3.7M slots: a pool of ~5 GB with the batch at its top."""
+    vb = make_verify_batch([3000, 20], [8, 5], 16, device="cuda", pad_rows=2, index_dtype=torch.int64)
+    high = 4_300_000
+    pool = torch.empty(high + vb.kv_cache.shape[0], 576, device="cuda", dtype=vb.kv_cache.dtype)
+    pool[high:] = vb.kv_cache
+    kwargs = vb.kwargs()
+    kwargs["kv_indices"] = vb.kv_indices + high
+    kwargs["out_cache_loc"] = vb.out_cache_loc + high
+    out, lse = mla_tree_verify(vb.q, pool, **kwargs, backend=backend)
+    ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
+    assert_matches_reference(out, lse, ref_out, ref_lse)
