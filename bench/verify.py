@@ -22,6 +22,7 @@ import torch
 from bench.cases import Case, all_cases, grid_cases, ragged_cases, serving_cases
 from bench.report import write_report
 from ddtree_op import mla_tree_verify, ops
+from ddtree_op.checks import kv_rows
 from ddtree_op.synthetic import make_verify_batch
 
 L2_BYTES = 60 * 2**20
@@ -100,7 +101,7 @@ class Inputs:
         self.mask_words = ops.convert_tree_mask(vb.tree_mask, vb.mask_indptr, vb.qo_indptr, vb.kv_indptr, "full", self.rows, self.words)
         self.out = torch.empty(self.rows, case.heads, 512, device="cuda", dtype=vb.q.dtype)
         self.lse = torch.empty(self.rows, case.heads, device="cuda")
-        self.kv_rows = vb.kv_cache.select(1, 0)
+        self.kv_rows = kv_rows(vb.kv_cache)
 
     def attention(self, backend: str, **triton_config):
         vb = self.vb

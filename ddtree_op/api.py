@@ -9,6 +9,7 @@ import torch
 from . import ops
 from .checks import check_verify_inputs, check_verify_shapes, kv_rows
 from .prep import PACKED_MASK_BITS
+from .reference import LATENT_DIM
 
 
 def _eager_checks_enabled() -> bool:
@@ -74,7 +75,7 @@ def mla_tree_verify(
     if out is None and lse is None:
         return ops.tree_attention(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend)
     if out is None:
-        out = q.new_empty((q.shape[0], q.shape[1], 512))
+        out = q.new_empty((q.shape[0], q.shape[1], LATENT_DIM))
     if lse is None:
         lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
     ops.tree_attention_into(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend)

@@ -29,7 +29,6 @@ _lib.define(f"tree_attention({_ATTENTION_ARGS}, str backend='auto') -> (Tensor o
 _lib.define(f"tree_attention_into({_ATTENTION_ARGS}, Tensor(a!) out, Tensor(b!) lse, str backend='auto') -> ()")
 
 
-
 def _build_verify_indices_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc):
     # One scan + one gather kernel from the compiled library (JIT-built on first use).
     build.load_cuda_library()

@@ -83,13 +83,13 @@ def convert_tree_mask(
     """
     device = qo_indptr.device
     batch = qo_indptr.numel() - 1
+    if batch == 0:
+        return torch.zeros(num_rows, words_per_row, dtype=torch.long, device=device)
     qo = qo_indptr.long()
     row = torch.arange(num_rows, device=device)
     req = torch.searchsorted(qo[1:], row, right=True)
     row_valid = (req < batch) & (row >= qo[0])
-    req = req.clamp_(max=max(batch - 1, 0))
-    if batch == 0:
-        return torch.zeros(num_rows, words_per_row, dtype=torch.long, device=device)
+    req = req.clamp_(max=batch - 1)
     draft_len = (qo[1:] - qo[:-1])[req]
     draft_row = row - qo[req]
     col = torch.arange(words_per_row * 64, device=device)

@@ -119,7 +119,6 @@ def make_verify_batch(
 ) -> VerifyBatch:
     """A random verify step: scattered slots, random trees, random q and KV (never zeros)."""
     gen = torch.Generator().manual_seed(seed)
-    batch = len(prefix_lens)
     total_prefix, total_draft = sum(prefix_lens), sum(draft_lens)
     num_slots = total_prefix + total_draft + extra_slots
     slots = torch.randperm(num_slots, generator=gen)
