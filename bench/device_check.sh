@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One device call per stage, to validate a commit on the H200 within the device budget.
 #   run(command="bash bench/device_check.sh STAGE", carry=[".whl"])   (.whl/ holds the nvidia-cutlass wheel)
-# Stages: sm90      - the sm_90a kernel against the reference (focused, stops at the first failure)
+# Stages: first     - sm90, then the grid timed for sm90 and Triton (no baseline, no prep)
+#         sm90      - the sm_90a kernel against the reference (focused, stops at the first failure)
 #         tests     - every GPU test (both CUDA backends when the sm90 kernel is enabled)
 #         sanitize  - compute-sanitizer memcheck and racecheck on a few shapes, both backends
 #         bench     - the benchmark (grid, ragged, serving) with every available backend
 # Writes logs under $OUT (at most 8 files come back).
 set -uo pipefail
-stage=${1:?stage: sm90 | tests | sanitize | bench}
+stage=${1:?stage: first | sm90 | tests | sanitize | bench}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1 DDTREE_EXPERIMENTAL_SM90=1
 commit=${DDTREE_COMMIT:-unknown}
@@ -16,6 +17,12 @@ nvidia-smi -L > "$OUT/env.log" 2>&1
 case "$stage" in
   sm90)
     timeout 500 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu.py -k "cutlass" 2>&1 | grep -v DEBUG | tee "$OUT/sm90_tests.log" | tail -40 ;;
+  first)  # sm90 correctness, then (only if it passed) first timings on the grid, sm90 vs Triton
+    timeout 330 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu.py -k "cutlass" 2>&1 | grep -v DEBUG \
+      | tee "$OUT/sm90_tests.log" | tail -25
+    [ "${PIPESTATUS[0]}" = 0 ] || exit 1
+    DDTREE_COMMIT=$commit timeout 240 python3 -m bench.verify --cases grid --no-prep --backends cutlass,triton \
+      --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -45 ;;
   tests)
     timeout 560 python3 -m pytest -q -p no:cacheprovider tests -k "not cpu" 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -30 ;;
   sanitize)
