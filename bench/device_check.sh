@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # One device call per stage, to validate a commit on the H200 within the device budget.
 #   run(command="bash bench/device_check.sh STAGE", carry=[".whl"])   (.whl/ holds the nvidia-cutlass wheel)
-# Stages: first     - sm90, then the grid timed for sm90 and Triton (no baseline, no prep)
+# Stages: iterate   - after a kernel change: sm90 correctness, sm90 grid timings, ncu on two shapes
+#         first     - sm90, then the grid timed for sm90 and Triton (no baseline, no prep)
 #         sm90      - the sm_90a kernel against the reference (focused, stops at the first failure)
 #         tests     - every GPU test (both CUDA backends when the sm90 kernel is enabled)
 #         sanitize  - compute-sanitizer memcheck and racecheck on a few shapes, both backends
 #         bench     - the benchmark (grid, ragged, serving) with every available backend
 # Writes logs under $OUT (at most 8 files come back).
 set -uo pipefail
-stage=${1:?stage: first | sm90 | tests | sanitize | bench}
+stage=${1:?stage: iterate | first | sm90 | tests | sanitize | bench}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1 DDTREE_EXPERIMENTAL_SM90=1
 commit=${DDTREE_COMMIT:-unknown}
@@ -23,6 +24,18 @@ case "$stage" in
     [ "${PIPESTATUS[0]}" = 0 ] || exit 1
     DDTREE_COMMIT=$commit timeout 240 python3 -m bench.verify --cases grid --no-prep --backends cutlass,triton \
       --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -45 ;;
+  iterate)  # a kernel change: sm90 correctness, grid timings of sm90 alone, ncu on two shapes
+    timeout 200 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu.py -k "cutlass" 2>&1 | grep -v DEBUG \
+      | tee "$OUT/sm90_tests.log" | tail -6
+    [ "${PIPESTATUS[0]}" = 0 ] || exit 1
+    DDTREE_COMMIT=$commit timeout 200 python3 -m bench.verify --cases grid --no-prep --backends cutlass \
+      --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -45
+    for shape in ${NCU_SHAPES:-H128_n64_B8_P8192 H16_n4_B32_P8192}; do
+      timeout 90 ncu --clock-control none -k regex:verify_attention --launch-skip 1 --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
+        python3 -m bench.profile_case "$shape" > "$OUT/ncu_$shape.txt" 2>&1
+      grep -E "Duration|Throughput|Stall|Warp Cycles|Registers" "$OUT/ncu_$shape.txt" | head -20
+    done ;;
   tests)
     timeout 560 python3 -m pytest -q -p no:cacheprovider tests -k "not cpu" 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -30 ;;
   sanitize)

@@ -60,6 +60,20 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffff, v, 2);
 }
 
+// Visibility bits of 64 consecutive key columns whose first one is draft column `first_draft`
+// (negative: the tile starts -first_draft columns before the drafts, in the prefix, all visible).
+// `words` is the row's compact mask: bit d of word d / 64 = draft column d visible.
+__device__ __forceinline__ uint64_t tile_visibility(const int64_t* words, int first_draft, int num_draft) {
+  if (first_draft < 0) {
+    const int prefix_cols = -first_draft;  // 1..63
+    return ((1ull << prefix_cols) - 1) | (static_cast<uint64_t>(words[0]) << prefix_cols);
+  }
+  const int w = first_draft / 64, shift = first_draft % 64;
+  uint64_t bits = static_cast<uint64_t>(words[w]) >> shift;
+  if (shift != 0 && (w + 1) * 64 < num_draft) bits |= static_cast<uint64_t>(words[w + 1]) << (64 - shift);
+  return bits;
+}
+
 // Runs a warpgroup GEMM over all k-blocks: zero_init starts from 0, else accumulates into acc.
 template <bool kZeroInit, class TiledMma, class TA, class TB, class TC>
 __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA const& a, TB const& b, TC& acc) {
@@ -138,19 +152,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
 
   const Element* q_ptr = static_cast<const Element*>(p.q);
   const Element* kv_ptr = static_cast<const Element*>(p.kv);
-  auto load_kv_tile = [&](int stage, int tile) {
+  // Gather: each thread copies one key's row in every tile (kThreadsPerKey threads share a row,
+  // interleaved 16-byte chunks), so it needs one slot id per tile. The id of the tile after the
+  // one being gathered is loaded a whole tile ahead, so no cp.async waits on an index load.
+  constexpr int kThreadsPerKey = kThreads / kKeys;
+  const int gather_key = tid / kThreadsPerKey, gather_chunk0 = tid % kThreadsPerKey;
+  auto slot_of_tile = [&](int tile) -> int {  // -1: past the range (zero-filled)
+    const int kv = kv_begin + tile * kKeys + gather_key;
+    return tile < num_tiles && kv < kv_end ? p.verify_indices[kv_lo + kv] : -1;
+  };
+  auto gather_kv_tile = [&](int stage, int slot) {
     Tensor sK = make_tensor(make_smem_ptr(smem_k + stage * cosize_v<typename Traits::SmemLayoutK>),
                             typename Traits::SmemLayoutK{});
-    const int kv0 = kv_begin + tile * kKeys;
-    for (int c = tid; c < kKeys * kChunks; c += kThreads) {
-      const int key = c / kChunks, part = c % kChunks;
-      const int kv = kv0 + key;
-      const bool valid = kv < kv_end;
-      const int64_t slot = valid ? p.verify_indices[kv_lo + kv] : 0;
-      cp_async_16(&sK(key, part * 8), kv_ptr + slot * p.kv_stride + part * 8, valid);
+    const Element* row = kv_ptr + int64_t(slot < 0 ? 0 : slot) * p.kv_stride;
+    CUTE_UNROLL
+    for (int c = gather_chunk0; c < kChunks; c += kThreadsPerKey) {
+      cp_async_16(&sK(gather_key, c * 8), row + c * 8, slot >= 0);
     }
   };
 
+  int next_slot = -1;
   if (num_tiles > 0) {
     for (int c = tid; c < kRows * kChunks; c += kThreads) {
       const int r = c / kChunks, part = c % kChunks;
@@ -159,7 +180,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       const int64_t t = q_lo + (valid ? row / p.heads : 0), h = valid ? row % p.heads : 0;
       cp_async_16(&sQ(r, part * 8), q_ptr + t * p.q_stride_token + h * p.q_stride_head + part * 8, valid);
     }
-    load_kv_tile(0, 0);
+    gather_kv_tile(0, slot_of_tile(0));
+    next_slot = slot_of_tile(1);
   }
   cp_async_commit();
 
@@ -181,8 +203,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int stage = tile % Traits::kStages;
     if (tile + 1 < num_tiles) {
-      load_kv_tile((tile + 1) % Traits::kStages, tile + 1);
+      gather_kv_tile((tile + 1) % Traits::kStages, next_slot);
       cp_async_commit();
+      next_slot = slot_of_tile(tile + 2);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -197,27 +220,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
 
     warpgroup_gemm<true>(mma_qk, frag_q, thr_qk.partition_fragment_B(sK), acc_s);
 
-    // Scale to base 2, mask, online softmax (each row lives in one quad of lanes).
+    // Visibility of this tile's 64 columns for the thread's two rows (bit c: column kv0 + c);
+    // only tiles that reach the drafts read mask words, two at most per row.
     const int kv0 = kv_begin + tile * kKeys;
-    const bool has_drafts = kv0 + kKeys > prefix_len;
+    uint64_t visible_bits[2] = {~0ull, ~0ull};
+    if (kv0 + kKeys > prefix_len) {
+      CUTE_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        const int row = row0 + my_row + 8 * j;
+        if (row < num_rows) {
+          const int64_t* words = p.mask_words + (q_lo + row / p.heads) * p.mask_stride;
+          visible_bits[j] = tile_visibility(words, kv0 - prefix_len, num_draft);
+        }
+      }
+    }
+    // Scale to base 2, mask, online softmax (each row lives in one quad of lanes).
     float tile_max[2] = {-INFINITY, -INFINITY};
     CUTE_UNROLL
     for (int i = 0; i < size(acc_s); ++i) {
-      const int r = get<0>(coord_s(i)), col = get<1>(coord_s(i));
-      const int kv = kv0 + col;
-      bool visible = kv < kv_end;
-      if (has_drafts && kv >= prefix_len) {
-        const int row = row0 + r;
-        const int draft_col = kv - prefix_len;
-        if (row < num_rows) {
-          const int64_t t = q_lo + row / p.heads;
-          const uint64_t word = static_cast<uint64_t>(p.mask_words[t * p.mask_stride + draft_col / 64]);
-          visible = visible && ((word >> (draft_col % 64)) & 1);
-        }
-      }
+      const int col = get<1>(coord_s(i));
+      const int which = get<0>(coord_s(i)) == my_row ? 0 : 1;
+      const bool visible = kv0 + col < kv_end && ((visible_bits[which] >> col) & 1);
       const float s = visible ? acc_s(i) * p.scale_log2 : -INFINITY;
       acc_s(i) = s;
-      const int which = r == my_row ? 0 : 1;
       tile_max[which] = fmaxf(tile_max[which], s);
     }
     float alpha[2], m_safe[2];
