@@ -28,7 +28,7 @@ case "$stage" in
     timeout 200 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu.py -k "cutlass" 2>&1 | grep -v DEBUG \
       | tee "$OUT/sm90_tests.log" | tail -6
     [ "${PIPESTATUS[0]}" = 0 ] || exit 1
-    DDTREE_COMMIT=$commit timeout 200 python3 -m bench.verify --cases grid --no-prep --backends cutlass \
+    DDTREE_COMMIT=$commit timeout 200 python3 -m bench.verify --cases grid --no-prep --backends cutlass,triton \
       --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -45
     for shape in ${NCU_SHAPES:-H128_n64_B8_P8192 H16_n4_B32_P8192}; do
       timeout 90 ncu --clock-control none -k regex:verify_attention --launch-skip 1 --launch-count 1 \

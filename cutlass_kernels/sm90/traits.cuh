@@ -50,7 +50,8 @@ struct VerifyTraits {
 
   static constexpr int kSmemQ = cosize_v<SmemLayoutQ> * int(sizeof(Element));
   static constexpr int kSmemK = cosize_v<SmemLayoutK> * int(sizeof(Element));
-  static constexpr int kSmemBytes = kSmemQ + kStages * kSmemK;
+  static constexpr int kSmemBarriers = 2 * kStages * 8;  // full + empty mbarrier per stage
+  static constexpr int kSmemBytes = kSmemQ + kStages * kSmemK + kSmemBarriers;
 };
 
 // The fp16 kernel uses the same shapes with fp16 atoms.

@@ -9,8 +9,9 @@
 //
 // Per CTA: 2 warpgroups. Both compute S = Q K^T for the tile (64 x 64 over 576, redundant; the
 // FlashMLA "seesaw" removes this in a later version), warpgroup w accumulates output columns
-// [256 w, 256 w + 256). KV tiles are double-buffered: the gather of tile n + 1 is in flight while
-// tile n is multiplied.
+// [256 w, 256 w + 256); they take turns on the tensor cores (see the main loop). KV tiles are
+// double-buffered with a full and an empty mbarrier per stage: the gather of tile n + 1 is in
+// flight while tile n is multiplied.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -47,9 +48,6 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
   const int src_size = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_size));
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
@@ -74,9 +72,10 @@ __device__ __forceinline__ uint64_t tile_visibility(const int64_t* words, int fi
   return bits;
 }
 
-// Runs a warpgroup GEMM over all k-blocks: zero_init starts from 0, else accumulates into acc.
+// Issues a warpgroup GEMM over all k-blocks (kZeroInit: acc = A B, else acc += A B); the caller
+// waits for it with wait_warpgroup_gemm, so it can signal other warps in between.
 template <bool kZeroInit, class TiledMma, class TA, class TB, class TC>
-__device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA const& a, TB const& b, TC& acc) {
+__device__ __forceinline__ void issue_warpgroup_gemm(TiledMma& mma, TA const& a, TB const& b, TC& acc) {
   warpgroup_fence_operand(acc);
   warpgroup_arrive();
   mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
@@ -86,6 +85,10 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TA const& a, TB co
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
+}
+
+template <class TC>
+__device__ __forceinline__ void wait_warpgroup_gemm(TC& acc) {
   warpgroup_wait<0>();
   warpgroup_fence_operand(acc);
 }
@@ -102,6 +105,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   Element* smem_q = reinterpret_cast<Element*>(smem);
   Element* smem_k = reinterpret_cast<Element*>(smem + Traits::kSmemQ);
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});
+  // Per stage: `full` completes when every thread's cp.async of the tile has landed (256 async
+  // arrivals); `empty` when every thread has finished its wgmma reads of the tile (256 arrivals).
+  uint64_t* full_barrier = reinterpret_cast<uint64_t*>(smem + Traits::kSmemQ + Traits::kStages * Traits::kSmemK);
+  uint64_t* empty_barrier = full_barrier + Traits::kStages;
 
   const int tid = threadIdx.x;
   const int warpgroup = tid / 128;
@@ -171,6 +178,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     }
   };
 
+  using Barrier = cutlass::arch::ClusterBarrier;
+  if (tid == 0) {
+    for (int stage = 0; stage < Traits::kStages; ++stage) {
+      Barrier::init(&full_barrier[stage], kThreads);
+      Barrier::init(&empty_barrier[stage], kThreads);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
   int next_slot = -1;
   if (num_tiles > 0) {
     for (int c = tid; c < kRows * kChunks; c += kThreads) {
@@ -181,9 +198,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       cp_async_16(&sQ(r, part * 8), q_ptr + t * p.q_stride_token + h * p.q_stride_head + part * 8, valid);
     }
     gather_kv_tile(0, slot_of_tile(0));
+    cutlass::arch::cpasync_barrier_arrive_noinc(&full_barrier[0]);  // covers the q tile too
     next_slot = slot_of_tile(1);
   }
-  cp_async_commit();
 
   typename Traits::TiledMmaQK mma_qk;
   typename Traits::TiledMmaPV mma_pv;
@@ -200,25 +217,36 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
 
   Tensor frag_q = thr_qk.partition_fragment_A(sQ);
 
+  // The two warpgroups take turns issuing Q K^T (FlashAttention-3's ping-pong): while one runs
+  // its softmax on the CUDA cores, the other's GEMM has the tensor cores. Barriers are mbarriers
+  // per stage rather than __syncthreads, so the warpgroups can run half a tile apart.
+  using cutlass::arch::NamedBarrier;
+  constexpr int kTurnBarrier = 0;  // + warpgroup: "this warpgroup may issue its Q K^T"
+  if (warpgroup == 1 && num_tiles > 0) NamedBarrier::arrive(kThreads, kTurnBarrier + 0);  // warpgroup 0 goes first
+
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int stage = tile % Traits::kStages;
     if (tile + 1 < num_tiles) {
-      gather_kv_tile((tile + 1) % Traits::kStages, next_slot);
-      cp_async_commit();
+      const int next_stage = (tile + 1) % Traits::kStages;
+      // The next stage last held tile - 1: both warpgroups must be done reading it.
+      if (tile >= 1) Barrier::wait(&empty_barrier[next_stage], ((tile - 1) / Traits::kStages) & 1);
+      gather_kv_tile(next_stage, next_slot);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&full_barrier[next_stage]);
       next_slot = slot_of_tile(tile + 2);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
     }
+    Barrier::wait(&full_barrier[stage], (tile / Traits::kStages) & 1);
     cutlass::arch::fence_view_async_shared();  // cp.async writes -> wgmma (async proxy) reads
-    __syncthreads();
 
     Element* stage_ptr = smem_k + stage * cosize_v<typename Traits::SmemLayoutK>;
     Tensor sK = make_tensor(make_smem_ptr(stage_ptr), typename Traits::SmemLayoutK{});
     Tensor sV = make_tensor(make_smem_ptr(stage_ptr), typename Traits::SmemLayoutV{});
     Tensor sV_half = local_tile(sV, Shape<Int<kHalf>, Int<kKeys>>{}, make_coord(warpgroup, 0));
 
-    warpgroup_gemm<true>(mma_qk, frag_q, thr_qk.partition_fragment_B(sK), acc_s);
+    NamedBarrier::arrive_and_wait(kThreads, kTurnBarrier + warpgroup);
+    issue_warpgroup_gemm<true>(mma_qk, frag_q, thr_qk.partition_fragment_B(sK), acc_s);
+    // Hand the turn over once issued (warpgroup 1 not on its last tile: nobody would wait).
+    if (warpgroup == 0 || tile + 1 < num_tiles) NamedBarrier::arrive(kThreads, kTurnBarrier + 1 - warpgroup);
+    wait_warpgroup_gemm(acc_s);
 
     // Visibility of this tile's 64 columns for the thread's two rows (bit c: column kv0 + c);
     // only tiles that reach the drafts read mask words, two at most per row.
@@ -262,13 +290,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       row_sum[which] += e;
       probs(i) = Element(e);
     }
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= alpha[get<0>(coord_o(i)) == my_row ? 0 : 1];
+    // Rescale O only when some row's maximum moved (rare once the prefix has been seen).
+    if (__any_sync(0xffffffff, alpha[0] != 1.f || alpha[1] != 1.f)) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= alpha[get<0>(coord_o(i)) == my_row ? 0 : 1];
+    }
 
     Tensor frag_p = make_tensor(probs.data(), acc_layout_as_a_operand(probs.layout()));
     warpgroup_fence_operand(frag_p);  // the registers the RS wgmma reads are final here
-    warpgroup_gemm<false>(mma_pv, frag_p, thr_pv.partition_fragment_B(sV_half), acc_o);
-    __syncthreads();  // both warpgroups are done with this stage before it is refilled
+    issue_warpgroup_gemm<false>(mma_pv, frag_p, thr_pv.partition_fragment_B(sV_half), acc_o);
+    wait_warpgroup_gemm(acc_o);
+    Barrier::arrive(&empty_barrier[stage]);  // this thread's reads of the stage are complete
   }
 
   float lse_row[2], inv_sum[2];
