@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call per stage, to validate a commit on the H200 within the device budget.
 #   run(command="bash bench/device_check.sh STAGE", carry=[".whl"])   (.whl/ holds the nvidia-cutlass wheel)
-# Stages: iterate   - after a kernel change: sm90 correctness, sm90 grid timings, ncu on two shapes
+# Stages: validate  - every GPU test, install + JIT check, sanitizers, per-kernel times (tiny shape)
+#         iterate   - after a kernel change: sm90 correctness, sm90 grid timings, ncu on two shapes
 #         first     - sm90, then the grid timed for sm90 and Triton (no baseline, no prep)
 #         sm90      - the sm_90a kernel against the reference (focused, stops at the first failure)
 #         tests     - every GPU test (both CUDA backends when the sm90 kernel is enabled)
@@ -9,9 +10,9 @@
 #         bench     - the benchmark (grid, ragged, serving) with every available backend
 # Writes logs under $OUT (at most 8 files come back).
 set -uo pipefail
-stage=${1:?stage: iterate | first | sm90 | tests | sanitize | bench}
+stage=${1:?stage: validate | iterate | first | sm90 | tests | sanitize | bench}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1 DDTREE_EXPERIMENTAL_SM90=1
+export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1
 commit=${DDTREE_COMMIT:-unknown}
 nvidia-smi -L > "$OUT/env.log" 2>&1
 
@@ -35,6 +36,18 @@ case "$stage" in
         --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
         python3 -m bench.profile_case "$shape" > "$OUT/ncu_$shape.txt" 2>&1
       grep -E "Duration|Throughput|Stall|Warp Cycles|Registers" "$OUT/ncu_$shape.txt" | head -20
+    done ;;
+  validate)  # every GPU test; non-editable install + JIT; sanitizers; per-kernel times of a tiny shape
+    timeout 290 python3 -m pytest -q -p no:cacheprovider tests -k "not cpu" 2>&1 | grep -v DEBUG \
+      | tee "$OUT/gpu_tests.log" | tail -8
+    bash bench/install_check.sh > "$OUT/install.log" 2>&1; tail -5 "$OUT/install.log"
+    for tool in memcheck racecheck; do
+      timeout 80 compute-sanitizer --tool "$tool" --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+        tests/test_gpu.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and cutlass" 2>&1 | grep -v DEBUG \
+        | tee "$OUT/sanitizer_$tool.log" | tail -4
+    done
+    for backend in cutlass triton; do
+      timeout 40 python3 -m bench.profile_case H16_n4_B1_P1024 --kernels --backend $backend 2>&1 | tee -a "$OUT/kernels.log"
     done ;;
   tests)
     timeout 560 python3 -m pytest -q -p no:cacheprovider tests -k "not cpu" 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -30 ;;

@@ -1,5 +1,8 @@
-"""Runs one benchmark shape a few times, eagerly, for a profiler to capture:
-`ncu --clock-control none -k regex:verify_attention python -m bench.profile_case H128_n64_B8_P8192`."""
+"""Runs one benchmark shape for a profiler, or profiles it itself:
+
+  ncu --clock-control none -k regex:verify_attention python -m bench.profile_case H128_n64_B8_P8192
+  python -m bench.profile_case H16_n4_B1_P1024 --kernels   # per-kernel GPU time inside graph replays
+"""
 
 from __future__ import annotations
 
@@ -11,15 +14,50 @@ from bench.cases import all_cases
 from bench.verify import Inputs
 
 
+def kernel_times(launches, replays: int = 20) -> None:
+    """Captures `launches` in one graph as bench/verify.py does and prints, from torch.profiler
+    (CUPTI), each kernel's mean GPU time per launch next to the wall time of a replay, so that
+    time spent between kernels shows up as the difference."""
+    for launch in launches:
+        launch()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for launch in launches:
+            launch()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    per_launch_us = start.elapsed_time(end) * 1e3 / replays / len(launches)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    print(f"graph replay: {per_launch_us:.1f} us per launch ({len(launches)} launches per graph)")
+    for event in prof.key_averages():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.count:
+            print(f"  {event.key[:90]:90s} {event.device_time_total / (replays * len(launches)):8.1f} us per launch "
+                  f"({event.count} calls)")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("case", help="a case name from bench/cases.py")
     parser.add_argument("--backend", default="cutlass")
     parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--kernels", action="store_true", help="print per-kernel GPU time inside graph replays")
     args = parser.parse_args(argv)
     case = next((c for c in all_cases() if c.name == args.case), None)
     if case is None:
         raise SystemExit(f"unknown case {args.case!r}")
+    if args.kernels:
+        kernel_times([Inputs(case, seed).attention(args.backend) for seed in range(8)])
+        return
     launch = Inputs(case, seed=0).attention(args.backend)
     for _ in range(args.iters):
         launch()

@@ -11,14 +11,20 @@ from .reference import tree_attention_reference
 BACKENDS = ("auto", "reference", "triton", "cutlass")
 
 
-# "auto" on CUDA: the Triton kernel until the sm_90a CUTLASS kernel has passed the GPU tests.
-AUTO_CUDA_BACKEND = "triton"
-# The sm_90a kernel compiles (HGMMA in SASS) but has not yet run on a GPU: opt in explicitly.
-EXPERIMENTAL_SM90_ENV = "DDTREE_EXPERIMENTAL_SM90"
+# The sm_90a kernel (cutlass_kernels/sm90/) runs on compute capability 9.0 only; "auto" picks it
+# there and the Triton fallback elsewhere. DDTREE_DISABLE_SM90=1 makes "auto" use Triton (an
+# escape hatch for serving if the JIT build of the sm_90a library is not wanted).
+DISABLE_SM90_ENV = "DDTREE_DISABLE_SM90"
 
 
-def sm90_kernel_enabled(device: torch.device) -> bool:
-    return os.environ.get(EXPERIMENTAL_SM90_ENV, "0") == "1" and torch.cuda.get_device_capability(device) == (9, 0)
+def sm90_kernel_available(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def auto_cuda_backend(device: torch.device) -> str:
+    if os.environ.get(DISABLE_SM90_ENV, "0") != "1" and sm90_kernel_available(device):
+        return "cutlass"
+    return "triton"
 
 
 def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend):
@@ -30,7 +36,7 @@ def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, ma
             raise RuntimeError(f"ddtree_op: backend {backend!r} needs CUDA tensors; on {q.device} only the reference runs")
         tree_attention_reference(*args)
         return
-    chosen = AUTO_CUDA_BACKEND if backend == "auto" else backend
+    chosen = auto_cuda_backend(q.device) if backend == "auto" else backend
     with torch.cuda.device(q.device):
         if chosen == "reference":
             tree_attention_reference(*args)
@@ -38,12 +44,13 @@ def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, ma
             from .triton_attention import tree_attention_triton
 
             tree_attention_triton(*args)
-        elif sm90_kernel_enabled(q.device):
+        elif sm90_kernel_available(q.device):
             from .sm90_attention import tree_attention_sm90
 
             tree_attention_sm90(*args)
         else:
+            capability = ".".join(map(str, torch.cuda.get_device_capability(q.device)))
             raise RuntimeError(
-                "ddtree_op: backend 'cutlass' (the sm_90a kernel) is not available: it needs an sm_90 GPU and, "
-                f"until it has passed the GPU tests, {EXPERIMENTAL_SM90_ENV}=1; use backend='triton' or 'auto'"
+                f"ddtree_op: backend 'cutlass' (the sm_90a kernel) needs a compute capability 9.0 GPU; {q.device} is "
+                f"{capability}: use backend='triton' or 'auto'"
             )

@@ -14,10 +14,10 @@ pytestmark = needs_cuda
 
 
 def cuda_backends():
-    """Every CUDA kernel this machine runs: the Triton fallback, and the sm_90a kernel where enabled."""
-    from ddtree_op.backends import sm90_kernel_enabled
+    """Every CUDA kernel this machine runs: the Triton fallback, and the sm_90a kernel on sm_90."""
+    from ddtree_op.backends import sm90_kernel_available
 
-    enabled = torch.cuda.is_available() and sm90_kernel_enabled(torch.device("cuda"))
+    enabled = torch.cuda.is_available() and sm90_kernel_available(torch.device("cuda"))
     return ["triton"] + (["cutlass"] if enabled else [])
 
 
@@ -247,3 +247,12 @@ def test_slots_above_4m_need_64_bit_offsets(backend):
     out, lse = mla_tree_verify(vb.q, pool, **kwargs, backend=backend)
     ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
     assert_matches_reference(out, lse, ref_out, ref_lse)
+
+
+def test_auto_backend_is_the_sm90_kernel_on_sm90(monkeypatch):
+    from ddtree_op.backends import DISABLE_SM90_ENV, auto_cuda_backend
+
+    device = torch.device("cuda")
+    assert auto_cuda_backend(device) == ("cutlass" if torch.cuda.get_device_capability(device) == (9, 0) else "triton")
+    monkeypatch.setenv(DISABLE_SM90_ENV, "1")
+    assert auto_cuda_backend(device) == "triton"
