@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call per stage, to validate a commit on the H200 within the device budget.
 #   run(command="bash bench/device_check.sh STAGE", carry=[".whl"])   (.whl/ holds the nvidia-cutlass wheel)
-# Stages: validate  - every GPU test, install + JIT check, sanitizers, per-kernel times (tiny shape)
+# Stages: final     - (kind nvidia-h200-x2) second GPU, racecheck, tiny-shape kernel times, benchmark
+#         validate  - every GPU test, install + JIT check, sanitizers, per-kernel times (tiny shape)
 #         iterate   - after a kernel change: sm90 correctness, sm90 grid timings, ncu on two shapes
 #         first     - sm90, then the grid timed for sm90 and Triton (no baseline, no prep)
 #         sm90      - the sm_90a kernel against the reference (focused, stops at the first failure)
@@ -10,7 +11,7 @@
 #         bench     - the benchmark (grid, ragged, serving) with every available backend
 # Writes logs under $OUT (at most 8 files come back).
 set -uo pipefail
-stage=${1:?stage: validate | iterate | first | sm90 | tests | sanitize | bench}
+stage=${1:?stage: final | validate | iterate | first | sm90 | tests | sanitize | bench}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1
 commit=${DDTREE_COMMIT:-unknown}
@@ -49,6 +50,16 @@ case "$stage" in
     for backend in cutlass triton; do
       timeout 40 python3 -m bench.profile_case H16_n4_B1_P1024 --kernels --backend $backend 2>&1 | tee -a "$OUT/kernels.log"
     done ;;
+  final)  # on nvidia-h200-x2: the second-GPU test, racecheck (small), tiny-shape kernel times, the benchmark
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_multi_gpu.py 2>&1 | grep -v DEBUG \
+      | tee "$OUT/multi_gpu.log" | tail -3
+    timeout 60 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+      tests/test_gpu.py -k "H1-B3-n33-P64 and full and cutlass" 2>&1 | grep -v DEBUG | tee "$OUT/sanitizer_racecheck.log" | tail -3
+    for sets in 1 8; do
+      timeout 30 python3 -m bench.profile_case H16_n4_B1_P1024 --kernels --sets $sets 2>&1 | grep -v Warn | tee -a "$OUT/kernels.log"
+    done
+    DDTREE_COMMIT=$commit timeout 400 python3 -m bench.verify --cases all --backends cutlass,triton,sglang_baseline \
+      --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -12 ;;
   tests)
     timeout 560 python3 -m pytest -q -p no:cacheprovider tests -k "not cpu" 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -30 ;;
   sanitize)

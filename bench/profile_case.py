@@ -51,12 +51,13 @@ def main(argv=None):
     parser.add_argument("--backend", default="cutlass")
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--kernels", action="store_true", help="print per-kernel GPU time inside graph replays")
+    parser.add_argument("--sets", type=int, default=8, help="input sets rotated in the graph (--kernels)")
     args = parser.parse_args(argv)
     case = next((c for c in all_cases() if c.name == args.case), None)
     if case is None:
         raise SystemExit(f"unknown case {args.case!r}")
     if args.kernels:
-        kernel_times([Inputs(case, seed).attention(args.backend) for seed in range(8)])
+        kernel_times([Inputs(case, seed).attention(args.backend) for seed in range(args.sets)])
         return
     launch = Inputs(case, seed=0).attention(args.backend)
     for _ in range(args.iters):
