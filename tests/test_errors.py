@@ -4,21 +4,27 @@ value checks of check_verify_inputs (also automatic under DDTREE_CHECK=1)."""
 import pytest
 import torch
 
+from conftest import needs_cuda
 from ddtree_op import check_verify_inputs, mla_tree_verify
 from ddtree_op.synthetic import make_verify_batch
 
 
-@pytest.fixture
-def vb():
-    return make_verify_batch([6, 3], [3, 2], 2, pad_rows=1)
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=needs_cuda)])
+def vb(request):
+    return make_verify_batch([6, 3], [3, 2], 2, pad_rows=1, device=request.param)
+
+
+def _empty(vb, *shape, dtype=None):
+    return torch.empty(*shape, dtype=dtype or vb.q.dtype, device=vb.q.device)
 
 
 def _packed(vb, dtype=torch.uint8, shape=None):
-    return dict(mask_layout="packed", mask_indptr=None, tree_mask=torch.ones(shape or (vb.q.shape[0],), dtype=dtype))
+    mask = torch.ones(shape or (vb.q.shape[0],), dtype=dtype, device=vb.q.device)
+    return dict(mask_layout="packed", mask_indptr=None, tree_mask=mask)
 
 
 def _strided_last_dim(vb):
-    wide = torch.zeros(vb.q.shape[0], vb.q.shape[1], 2 * 576, dtype=vb.q.dtype)
+    wide = torch.zeros(vb.q.shape[0], vb.q.shape[1], 2 * 576, dtype=vb.q.dtype, device=vb.q.device)
     return wide[..., ::2]  # [T, H, 576] with last-dim stride 2
 
 
@@ -55,11 +61,11 @@ MALFORMED = [
     ("max_draft_len", "not positive", lambda vb: dict(max_draft_len=0)),
     ("sm_scale", "NaN", lambda vb: dict(sm_scale=float("nan"))),
     ("sm_scale", "a string", lambda vb: dict(sm_scale="0.1")),
-    ("out", "shape", lambda vb: dict(out=torch.empty(vb.q.shape[0], 2, 256, dtype=vb.q.dtype))),
-    ("out", "dtype", lambda vb: dict(out=torch.empty(vb.q.shape[0], 2, 512))),
+    ("out", "shape", lambda vb: dict(out=_empty(vb, vb.q.shape[0], 2, 256))),
+    ("out", "dtype", lambda vb: dict(out=_empty(vb, vb.q.shape[0], 2, 512, dtype=torch.float32))),
     ("out", "device", lambda vb: dict(out=torch.empty(vb.q.shape[0], 2, 512, dtype=vb.q.dtype, device=META))),
-    ("lse", "dtype", lambda vb: dict(lse=torch.empty(vb.q.shape[0], 2, dtype=torch.float16))),
-    ("lse", "shape", lambda vb: dict(lse=torch.empty(vb.q.shape[0], 3))),
+    ("lse", "dtype", lambda vb: dict(lse=_empty(vb, vb.q.shape[0], 2, dtype=torch.float16))),
+    ("lse", "shape", lambda vb: dict(lse=_empty(vb, vb.q.shape[0], 3, dtype=torch.float32))),
     ("backend", "unknown backend", lambda vb: dict(backend="fastest")),
 ]
 IDS = [f"{arg}-{what.replace(' ', '_')}" for arg, what, _ in MALFORMED]
@@ -93,17 +99,18 @@ def test_at_least_25_distinct_malformed_calls():
 
 
 VALUE_ERRORS = [
-    ("qo_indptr", "not monotone", lambda vb: dict(qo_indptr=torch.tensor([0, 4, 3]))),
+    ("qo_indptr", "not monotone", lambda vb: dict(qo_indptr=torch.tensor([0, 4, 3], device=vb.q.device))),
     ("qo_indptr", "does not start at 0", lambda vb: dict(qo_indptr=vb.qo_indptr + 1)),
-    ("kv_indptr", "not monotone", lambda vb: dict(kv_indptr=torch.tensor([0, 6, 2], dtype=torch.int32))),
+    ("kv_indptr", "not monotone", lambda vb: dict(kv_indptr=torch.tensor([0, 6, 2], dtype=torch.int32, device=vb.q.device))),
     ("kv_indptr", "past the end of kv_indices", lambda vb: dict(kv_indptr=vb.kv_indptr * 10)),
     ("kv_indices", "slot out of range", lambda vb: dict(kv_indices=vb.kv_indices.clone().fill_(10**6))),
     ("out_cache_loc", "negative slots", lambda vb: dict(out_cache_loc=vb.out_cache_loc - 1000)),
     ("out_cache_loc", "shorter than qo_indptr[B]", lambda vb: dict(out_cache_loc=vb.out_cache_loc[:3])),
     ("tree_mask", "mask buffer too short", lambda vb: dict(tree_mask=vb.tree_mask[:5])),
     ("tree_mask", "packed dtype too narrow for n", lambda vb: dict(  # one request of 9 drafts, 8-bit rows
-        mask_layout="packed", mask_indptr=None, tree_mask=torch.ones(9, dtype=torch.uint8), qo_indptr=torch.tensor([0, 9]),
-        out_cache_loc=torch.arange(9), q=torch.randn(9, 2, 576).to(vb.q.dtype))),
+        mask_layout="packed", mask_indptr=None, tree_mask=torch.ones(9, dtype=torch.uint8, device=vb.q.device),
+        qo_indptr=torch.tensor([0, 9], device=vb.q.device), out_cache_loc=torch.arange(9, device=vb.q.device),
+        q=torch.randn(9, 2, 576, device=vb.q.device).to(vb.q.dtype))),
     ("q", "T_pad < qo_indptr[B]", lambda vb: dict(q=vb.q[:3])),
     ("max_draft_len", "a request has more drafts", lambda vb: dict(max_draft_len=2)),
 ]
@@ -126,6 +133,7 @@ def test_valid_inputs_pass_value_checks(vb):
     check_verify_inputs(vb.q, vb.kv_cache, **vb.kwargs())
 
 
-def test_cpu_rejects_gpu_only_backend(vb):
+def test_cpu_rejects_gpu_only_backend():
+    vb = make_verify_batch([6, 3], [3, 2], 2, pad_rows=1)
     with pytest.raises(RuntimeError, match="'triton'"):
         _call(vb, dict(backend="triton"))

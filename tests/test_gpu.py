@@ -256,3 +256,17 @@ def test_auto_backend_is_the_sm90_kernel_on_sm90(monkeypatch):
     assert auto_cuda_backend(device) == ("cutlass" if torch.cuda.get_device_capability(device) == (9, 0) else "triton")
     monkeypatch.setenv(DISABLE_SM90_ENV, "1")
     assert auto_cuda_backend(device) == "triton"
+
+
+def test_auto_sends_misaligned_rows_to_triton():
+    """q whose rows are not 16-byte aligned: 'auto' still answers (the Triton kernel takes any
+    strides); the sm_90a kernel, asked for explicitly, refuses naming the argument."""
+    vb = make_gpu_case(ATTENTION_CASES[4], "full", torch.bfloat16, seed=4)
+    flat = torch.empty(vb.q.numel() + 1, device="cuda", dtype=vb.q.dtype)
+    shifted = flat[1:].view(vb.q.shape)
+    shifted.copy_(vb.q)
+    vb.q = shifted
+    assert_matches_reference(*run_and_reference(vb, "auto"))
+    if torch.cuda.get_device_capability() == (9, 0):
+        with pytest.raises(RuntimeError, match="argument 'q'"):
+            run_and_reference(vb, "cutlass")
