@@ -27,14 +27,14 @@ def auto_cuda_backend(device: torch.device) -> str:
     return "triton"
 
 
-def sm90_accepts(q: torch.Tensor, kv_rows: torch.Tensor) -> bool:
-    """The sm_90a kernel copies q and KV rows in 16-byte chunks: every row must start 16-byte
-    aligned (base pointer, and token/head/slot strides in multiples of 8 elements). The Triton
-    kernel takes any strides, so "auto" sends other layouts there."""
-    def rows_aligned(t):
-        return t.data_ptr() % 16 == 0 and all(stride % 8 == 0 for stride in t.stride()[:-1])
+def sm90_accepts(q: torch.Tensor, kv_rows: torch.Tensor, out: torch.Tensor) -> bool:
+    """The sm_90a kernel copies q and KV rows in 16-byte chunks (every row 16-byte aligned: base
+    pointer, and token/head/slot strides in multiples of 8 elements) and stores output columns
+    in pairs (even strides). The Triton kernel takes any strides, so "auto" sends others there."""
+    def rows_aligned(t, elements, alignment):
+        return t.data_ptr() % alignment == 0 and all(stride % elements == 0 for stride in t.stride()[:-1])
 
-    return rows_aligned(q) and rows_aligned(kv_rows)
+    return rows_aligned(q, 8, 16) and rows_aligned(kv_rows, 8, 16) and rows_aligned(out, 2, 4)
 
 
 def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend):
@@ -47,7 +47,7 @@ def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, ma
         tree_attention_reference(*args)
         return
     chosen = auto_cuda_backend(q.device) if backend == "auto" else backend
-    if backend == "auto" and chosen == "cutlass" and not sm90_accepts(q, kv_cache):
+    if backend == "auto" and chosen == "cutlass" and not sm90_accepts(q, kv_cache, out):
         chosen = "triton"
     with torch.cuda.device(q.device):
         if chosen == "reference":

@@ -152,9 +152,12 @@ def _combine_splits_kernel(
     part_out_ptr, part_lse_ptr, qo_indptr_ptr, batch,
     out_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh,
     num_tokens,
-    HEADS: tl.constexpr, BLOCK_R: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HEADS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
 ):
-    """Merges NUM_SPLITS partial (out, lse) pairs of each valid row by their LSE."""
+    """Merges NUM_SPLITS partial (out, lse) pairs of each valid row by their LSE; program (i, j)
+    does rows [i * BLOCK_R, +BLOCK_R) and columns [j * BLOCK_D, +BLOCK_D) (enough programs to
+    read the partials at full bandwidth even when there are few rows)."""
+    pid_d = tl.program_id(1)
     flat = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     valid_rows = tl.load(qo_indptr_ptr + batch).to(tl.int64) * HEADS
     ok = flat < valid_rows
@@ -163,9 +166,9 @@ def _combine_splits_kernel(
     for s in range(NUM_SPLITS):
         lse_max = tl.maximum(lse_max, tl.load(part_lse_ptr + s * stride_split + flat, mask=ok, other=float("-inf")))
     lse_max_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    dv = tl.arange(0, D_LATENT)
+    dv = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     total = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, D_LATENT], tl.float32)
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
     for s in range(NUM_SPLITS):
         weight = tl.exp(tl.load(part_lse_ptr + s * stride_split + flat, mask=ok, other=float("-inf")) - lse_max_safe)
         part = tl.load(part_out_ptr + (s * stride_split + flat)[:, None] * D_LATENT + dv[None, :], mask=ok[:, None] & (weight > 0)[:, None], other=0.0)
@@ -177,7 +180,7 @@ def _combine_splits_kernel(
     t = flat // HEADS
     h = flat % HEADS
     tl.store(out_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + dv[None, :], o.to(out_ptr.dtype.element_ty), mask=ok[:, None])
-    tl.store(lse_ptr + t * stride_lt + h * stride_lh, lse, mask=ok)
+    tl.store(lse_ptr + t * stride_lt + h * stride_lh, lse, mask=ok & (pid_d == 0))
 
 
 # Tile configuration; tuned on the H200 (see bench/results and the kernel notes).
@@ -225,10 +228,10 @@ def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices,
 def combine_splits(part_out, part_lse, qo_indptr, out, lse):
     """out/lse of the valid rows from per-split partials ([S, T*H, 512] and [S, T*H] float32)."""
     num_tokens, heads = out.shape[0], out.shape[1]
-    block_r = 16
-    _combine_splits_kernel[(math.ceil(num_tokens * heads / block_r),)](
+    block_r, block_d = 16, 128
+    _combine_splits_kernel[(math.ceil(num_tokens * heads / block_r), D_LATENT // block_d)](
         part_out, part_lse, qo_indptr, qo_indptr.numel() - 1,
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
         num_tokens,
-        HEADS=heads, BLOCK_R=block_r, NUM_SPLITS=part_out.shape[0], num_warps=4,
+        HEADS=heads, BLOCK_R=block_r, BLOCK_D=block_d, NUM_SPLITS=part_out.shape[0], num_warps=4,
     )

@@ -49,6 +49,12 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_size));
 }
 
+// Two adjacent output columns as one 32-bit word (lower address first).
+template <class Element>
+__device__ __forceinline__ uint32_t pack_pair(float first, float second) {
+  return uint32_t(Element(first).raw()) | (uint32_t(Element(second).raw()) << 16);
+}
+
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
@@ -133,12 +139,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     const int64_t row_begin = p.qo_indptr[p.batch] * p.heads + int64_t(block - blocks_before) * kRows;
     const int64_t row_end = int64_t(p.num_tokens) * p.heads;
     Element* out = static_cast<Element*>(p.out);
-    for (int i = tid; i < kRows * kLatent; i += kThreads) {
-      const int64_t row = row_begin + i / kLatent;
-      if (row >= row_end) continue;
+    constexpr int kThreadsPerRow = kThreads / kRows;  // 4 threads zero one row's 512 columns
+    const int64_t row = row_begin + tid / kThreadsPerRow;
+    if (row < row_end) {
       const int64_t t = row / p.heads, h = row % p.heads;
-      out[t * p.out_stride_token + h * p.out_stride_head + i % kLatent] = Element(0.f);
-      if (i % kLatent == 0) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = -INFINITY;
+      Element* out_row = out + t * p.out_stride_token + h * p.out_stride_head;
+      for (int col = tid % kThreadsPerRow; col < kLatent; col += kThreadsPerRow) out_row[col] = Element(0.f);
+      if (tid % kThreadsPerRow == 0) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = -INFINITY;
     }
     return;
   }
@@ -190,12 +197,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
 
   int next_slot = -1;
   if (num_tiles > 0) {
-    for (int c = tid; c < kRows * kChunks; c += kThreads) {
-      const int r = c / kChunks, part = c % kChunks;
-      const int row = row0 + r;
-      const bool valid = row < num_rows;
-      const int64_t t = q_lo + (valid ? row / p.heads : 0), h = valid ? row % p.heads : 0;
-      cp_async_16(&sQ(r, part * 8), q_ptr + t * p.q_stride_token + h * p.q_stride_head + part * 8, valid);
+    // q rows the same way as KV rows: 4 threads per row, so one (token, head) split per thread.
+    const int q_row = row0 + gather_key;
+    const bool q_valid = q_row < num_rows;
+    const int64_t q_token = q_lo + (q_valid ? q_row / p.heads : 0), q_head = q_valid ? q_row % p.heads : 0;
+    const Element* q_src = q_ptr + q_token * p.q_stride_token + q_head * p.q_stride_head;
+    CUTE_UNROLL
+    for (int c = gather_chunk0; c < kChunks; c += kThreadsPerKey) {
+      cp_async_16(&sQ(gather_key, c * 8), q_src + c * 8, q_valid);
     }
     gather_kv_tile(0, slot_of_tile(0));
     cutlass::arch::cpasync_barrier_arrive_noinc(&full_barrier[0]);  // covers the q tile too
@@ -311,31 +320,46 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     lse_row[j] = total > 0.f ? (row_max[j] + log2f(total)) * 0.6931471805599453f : -INFINITY;
   }
 
+  // Epilogue. The thread owns rows my_row and my_row + 8 of the tile and, in each, pairs of
+  // adjacent columns (checked in tests/layout_check.cu): each row's address is computed once and
+  // each pair leaves in one store. (Per-element index arithmetic here made v2's epilogue 10 K
+  // SASS instructions, run once per CTA from a cold instruction cache.)
   const int64_t stride_split = int64_t(p.num_tokens) * p.heads;
+  int64_t row_offset[2];  // out: element offset of (t, h, 0); partials: of (split, t * H + h, 0)
+  bool row_valid[2];
   CUTE_UNROLL
-  for (int i = 0; i < size(acc_o); ++i) {
-    const int r = get<0>(coord_o(i)), col = warpgroup * kHalf + get<1>(coord_o(i));
-    const int row = row0 + r;
-    if (row >= num_rows) continue;
-    const int which = r == my_row ? 0 : 1;
-    const int64_t t = q_lo + row / p.heads, h = row % p.heads;
-    const float value = acc_o(i) * inv_sum[which];
+  for (int j = 0; j < 2; ++j) {
+    const int row = row0 + my_row + 8 * j;
+    row_valid[j] = row < num_rows;
+    const int64_t t = q_lo + (row_valid[j] ? row / p.heads : 0), h = row_valid[j] ? row % p.heads : 0;
     if (p.num_splits == 1) {
-      static_cast<Element*>(p.out)[t * p.out_stride_token + h * p.out_stride_head + col] = Element(value);
+      row_offset[j] = t * p.out_stride_token + h * p.out_stride_head;
+      if (row_valid[j] && warpgroup == 0 && wg_thread % 4 == 0) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = lse_row[j];
     } else {
-      p.part_out[(split * stride_split + t * p.heads + h) * kLatent + col] = value;
+      const int64_t flat = split * stride_split + t * p.heads + h;
+      row_offset[j] = flat * kLatent;
+      if (row_valid[j] && warpgroup == 0 && wg_thread % 4 == 0) p.part_lse[flat] = lse_row[j];
     }
   }
-  if (warpgroup == 0 && wg_thread % 4 == 0) {  // one lane of each quad writes its two rows' LSE
-    CUTE_UNROLL
-    for (int j = 0; j < 2; ++j) {
-      const int row = row0 + my_row + 8 * j;
-      if (row >= num_rows) continue;
-      const int64_t t = q_lo + row / p.heads, h = row % p.heads;
-      if (p.num_splits == 1) {
-        p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = lse_row[j];
-      } else {
-        p.part_lse[split * stride_split + t * p.heads + h] = lse_row[j];
+  // Value 4 b + 2 j (+1) of the accumulator is row my_row + 8 j, columns 8 b + 2 (lane % 4) (+1).
+  const int col_base = warpgroup * kHalf;
+  constexpr int kColumnBlocks = kHalf / 8;
+  CUTE_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    if (!row_valid[j]) continue;  // only the last tile of a request has rows past its end
+    if (p.num_splits > 1) {
+      float* dst = p.part_out + row_offset[j] + col_base;
+      CUTE_UNROLL
+      for (int b = 0; b < kColumnBlocks; ++b) {
+        const int i = 4 * b + 2 * j;
+        *reinterpret_cast<float2*>(dst + get<1>(coord_o(i))) = make_float2(acc_o(i) * inv_sum[j], acc_o(i + 1) * inv_sum[j]);
+      }
+    } else {
+      Element* dst = static_cast<Element*>(p.out) + row_offset[j] + col_base;
+      CUTE_UNROLL
+      for (int b = 0; b < kColumnBlocks; ++b) {
+        const int i = 4 * b + 2 * j;
+        *reinterpret_cast<uint32_t*>(dst + get<1>(coord_o(i))) = pack_pair<Element>(acc_o(i) * inv_sum[j], acc_o(i + 1) * inv_sum[j]);
       }
     }
   }

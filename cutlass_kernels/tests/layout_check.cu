@@ -5,6 +5,8 @@
 //    register it is reinterpreted from.
 // 2. The V view of the KV tile addresses the same element as the K view: V(n, k) == K(k, n).
 // 3. Both warpgroups' accumulators of S and O own the same two rows per thread.
+// 4. The O accumulator holds adjacent column pairs: values 4b + 2j and 4b + 2j + 1 are row r0 + 8j,
+//    columns 8b + 2 (lane % 4) and the next one (the epilogue stores each pair at once).
 #include <cstdio>
 
 #include "sm90/traits.cuh"
@@ -43,6 +45,12 @@ int main() {
     for (int i = 0; i < size(o_coords); ++i) {
       int r = get<0>(o_coords(i));
       if (r != r0 && r != r0 + 8) failures++;
+    }
+    for (int i = 0; i + 1 < size(o_coords); i += 2) {
+      auto a = o_coords(i), b = o_coords(i + 1);
+      if (get<0>(a) != get<0>(b) || get<1>(b) != get<1>(a) + 1 || get<1>(a) % 2 != 0) failures++;
+      if (get<0>(a) != r0 + 8 * ((i / 2) % 2)) failures++;  // value 4 b + 2 j is in row r0 + 8 j
+      if (get<1>(a) != 8 * (i / 4) + 2 * (t % 4)) failures++;  // ... and column 8 b + 2 (lane % 4)
     }
   }
   typename Traits::SmemLayoutK layout_k;
