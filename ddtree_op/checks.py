@@ -107,6 +107,8 @@ def check_verify_shapes(
         _check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=dev)
         if tuple(out.shape) != (tokens, heads, LATENT_DIM):
             _fail("out", f"of shape {(tokens, heads, LATENT_DIM)}", f"shape {tuple(out.shape)}")
+        if out.stride(-1) != 1:  # both kernels write a row's 512 columns contiguously
+            _fail("out", "contiguous in its last dimension", f"strides {out.stride()}")
     if lse is not None:
         _check_tensor("lse", lse, ndim=2, dtypes=(torch.float32,), device=dev)
         if tuple(lse.shape) != (tokens, heads):

@@ -62,6 +62,7 @@ MALFORMED = [
     ("sm_scale", "NaN", lambda vb: dict(sm_scale=float("nan"))),
     ("sm_scale", "a string", lambda vb: dict(sm_scale="0.1")),
     ("out", "shape", lambda vb: dict(out=_empty(vb, vb.q.shape[0], 2, 256))),
+    ("out", "last dim not contiguous", lambda vb: dict(out=_empty(vb, vb.q.shape[0], 2, 1024)[..., ::2])),
     ("out", "dtype", lambda vb: dict(out=_empty(vb, vb.q.shape[0], 2, 512, dtype=torch.float32))),
     ("out", "device", lambda vb: dict(out=torch.empty(vb.q.shape[0], 2, 512, dtype=vb.q.dtype, device=META))),
     ("lse", "dtype", lambda vb: dict(lse=_empty(vb, vb.q.shape[0], 2, dtype=torch.float16))),
