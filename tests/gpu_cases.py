@@ -47,6 +47,15 @@ def strided_copy(q):
     return view
 
 
+def wide_row_copy(kv_cache):
+    """The same KV rows as [S, 1, 576] views of a pool whose rows are 640 elements apart (row
+    stride > 576, as when the latent buffer carries extra columns)."""
+    wide = torch.randn(kv_cache.shape[0], 1, 640, device=kv_cache.device).to(kv_cache.dtype)
+    view = wide[:, :, :576]
+    view.copy_(kv_cache.reshape(kv_cache.shape[0], 1, 576))
+    return view
+
+
 def make_gpu_case(case, layout, dtype, seed):
     prefix, drafts, heads = case
     vb = make_verify_batch(prefix, drafts, heads, layout=layout, dtype=dtype, device="cuda", pad_rows=3, seed=seed)
@@ -54,6 +63,8 @@ def make_gpu_case(case, layout, dtype, seed):
         vb = blank_rows(vb)
     if seed % 3 == 0:
         vb.q = strided_copy(vb.q)
+    if seed % 4 == 1:
+        vb.kv_cache = wide_row_copy(vb.kv_cache)
     return vb
 
 
