@@ -1,8 +1,9 @@
 // Tile shapes, shared-memory layouts and tensor-core atoms of the sm_90a verify kernel.
 //
-// A CTA owns 64 packed (draft row, head) rows of one request and walks a key range in tiles of
-// 64 keys. Two consumer warpgroups both compute S = Q K^T (64 x 64, over 576) and each owns
-// half of the 512 output columns (O is 64 x 256 fp32 per warpgroup: 128 registers a thread).
+// A CTA owns 64 packed (draft row, head) rows of one request and walks a key range in pairs of
+// 64-key tiles. Warpgroup w computes S = Q K^T (64 x 64, over 576) for tile w of the pair and
+// each owns half of the 512 output columns (O is 64 x 256 fp32 per warpgroup: 128 registers a
+// thread), for which it needs both tiles' P: its own from registers, the other's from shared memory.
 // The KV tile in shared memory is laid out once, K-major with 128-byte swizzle; the same bytes
 // are read as the K-major B operand of Q K^T and, transposed, as the MN-major B operand of P V.
 #pragma once
@@ -41,17 +42,26 @@ struct VerifyTraits {
   using SmemLayoutV = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kLatent>, Keys>{},
                                              Step<_2, _1>{}));
 
+  // P (64 rows x 64 keys, bf16/fp16) in shared memory, K-major like Q. It is written into the
+  // 64-column rope block of a KV stage, which nothing reads after that stage's Q K^T.
+  using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<Rows, Keys>{}));
+  static constexpr int kRopeOffset = kKeys * kLatent;  // elements; tests/layout_check.cu checks it
+
   // S = Q K^T: A and B from shared memory, both K-major. One warpgroup per tiled MMA.
   using TiledMmaQK = decltype(make_tiled_mma(
       SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>{}));
   // O += P V: A (probabilities) from registers, B = V from shared memory, MN-major.
   using TiledMmaPV = decltype(make_tiled_mma(
       SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<GMMA::Major::K, GMMA::Major::MN>{}));
+  // O += P V with the other warpgroup's P, read from shared memory.
+  using TiledMmaPVShared = decltype(make_tiled_mma(
+      SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::MN>{}));
 
   static constexpr int kSmemQ = cosize_v<SmemLayoutQ> * int(sizeof(Element));
   static constexpr int kSmemK = cosize_v<SmemLayoutK> * int(sizeof(Element));
   static constexpr int kSmemBarriers = 2 * kStages * 8;  // full + empty mbarrier per stage
-  static constexpr int kSmemBytes = kSmemQ + kStages * kSmemK + kSmemBarriers;
+  static constexpr int kSmemExchange = kWarpgroups * kRows * 4;  // per-row maxima / sums between warpgroups
+  static constexpr int kSmemBytes = kSmemQ + kStages * kSmemK + kSmemBarriers + kSmemExchange;
 };
 
 // The fp16 kernel uses the same shapes with fp16 atoms.
@@ -63,7 +73,16 @@ struct VerifyTraits<cutlass::half_t> : VerifyTraits<cutlass::bfloat16_t> {
       SM90::GMMA::MMA_64x64x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::K>{}));
   using TiledMmaPV = decltype(make_tiled_mma(
       SM90::GMMA::MMA_64x256x16_F32F16F16_RS<GMMA::Major::K, GMMA::Major::MN>{}));
+  using TiledMmaPVShared = decltype(make_tiled_mma(
+      SM90::GMMA::MMA_64x256x16_F32F16F16_SS<GMMA::Major::K, GMMA::Major::MN>{}));
+  using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<Rows, Keys>{}));
 };
+
+// Byte offset of element (row, col) in a 64 x 64 16-bit tile laid out K-major with the 128-byte
+// swizzle (Traits::SmemLayoutP): 8-row atoms of 1 KB, 128 B per row, 16-byte chunks XOR the row.
+__host__ __device__ __forceinline__ uint32_t p_tile_byte_offset(int row, int col) {
+  return uint32_t((row / 8) * 1024 + (row % 8) * 128 + (((col / 8) ^ (row % 8)) * 16) + (col % 8) * 2);
+}
 
 // The accumulator of S (64 x 64) holds, per thread, ((2 columns, 2 rows, 8 column blocks), 1, 1).
 // The A operand of a 64xNx16 RS GMMA holds ((2 columns, 2 rows, 2 k-halves), 1, k-steps).

@@ -7,11 +7,11 @@
 // the padding rows (t >= qo_indptr[B]). With one split the kernel writes out/lse; with more it
 // writes fp32 partials that a combine kernel merges by LSE.
 //
-// Per CTA: 2 warpgroups. Both compute S = Q K^T for the tile (64 x 64 over 576, redundant; the
-// FlashMLA "seesaw" removes this in a later version), warpgroup w accumulates output columns
-// [256 w, 256 w + 256); they take turns on the tensor cores (see the main loop). KV tiles are
-// double-buffered with a full and an empty mbarrier per stage: the gather of tile n + 1 is in
-// flight while tile n is multiplied.
+// Per CTA: 2 warpgroups and pairs of 64-key tiles. Warpgroup w computes S = Q K^T (64 x 64
+// over 576) for tile w of the pair only; the two exchange row maxima and P through shared memory
+// (P goes into the tile's rope block, free once its S is done), and warpgroup w accumulates
+// output columns [256 w, 256 w + 256) over both tiles. KV tiles: 2 stages with a full and an
+// empty mbarrier each; stage 0 is refilled while stage 1's P V runs.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -115,6 +115,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   // arrivals); `empty` when every thread has finished its wgmma reads of the tile (256 arrivals).
   uint64_t* full_barrier = reinterpret_cast<uint64_t*>(smem + Traits::kSmemQ + Traits::kStages * Traits::kSmemK);
   uint64_t* empty_barrier = full_barrier + Traits::kStages;
+  float* row_exchange = reinterpret_cast<float*>(empty_barrier + Traits::kStages);  // [warpgroup][row]
 
   const int tid = threadIdx.x;
   const int warpgroup = tid / 128;
@@ -159,7 +160,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   const int row0 = (block - first_block) * kRows;
 
   const int per_split = (kv_len + p.num_splits - 1) / p.num_splits;
-  const int chunk = (per_split + kKeys - 1) / kKeys * kKeys;
+  constexpr int kPairKeys = 2 * kKeys;  // splits hold whole pairs of tiles, so only the last pads
+  const int chunk = (per_split + kPairKeys - 1) / kPairKeys * kPairKeys;
   const int kv_begin = split * chunk;
   const int kv_end = min(kv_len, kv_begin + chunk);
   const int num_tiles = kv_end > kv_begin ? (kv_end - kv_begin + kKeys - 1) / kKeys : 0;
@@ -195,7 +197,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   }
   __syncthreads();
 
-  int next_slot = -1;
+  int next_slot[2] = {-1, -1};  // slot ids of the next pair's tiles, loaded a pair ahead
   if (num_tiles > 0) {
     // q rows the same way as KV rows: 4 threads per row, so one (token, head) split per thread.
     const int q_row = row0 + gather_key;
@@ -208,13 +210,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     }
     gather_kv_tile(0, slot_of_tile(0));
     cutlass::arch::cpasync_barrier_arrive_noinc(&full_barrier[0]);  // covers the q tile too
-    next_slot = slot_of_tile(1);
+    gather_kv_tile(1, slot_of_tile(1));  // zero-filled when there is no second tile
+    cutlass::arch::cpasync_barrier_arrive_noinc(&full_barrier[1]);
+    next_slot[0] = slot_of_tile(2);
+    next_slot[1] = slot_of_tile(3);
   }
 
   typename Traits::TiledMmaQK mma_qk;
   typename Traits::TiledMmaPV mma_pv;
+  typename Traits::TiledMmaPVShared mma_pv_shared;
   auto thr_qk = mma_qk.get_slice(wg_thread);
   auto thr_pv = mma_pv.get_slice(wg_thread);
+  auto thr_pv_shared = mma_pv_shared.get_slice(wg_thread);
   Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kRows>, Int<kKeys>>{});
   Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kRows>, Int<kHalf>>{});
   clear(acc_o);
@@ -222,46 +229,35 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   Tensor coord_o = thr_pv.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kHalf>>{}));
   const int my_row = get<0>(coord_s(0));  // this thread's rows: my_row and my_row + 8
   float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.f, 0.f};  // this thread's columns only; reduced over the quad at the end
+  float row_sum[2] = {0.f, 0.f};  // this thread's columns of this warpgroup's tiles; reduced at the end
 
   Tensor frag_q = thr_qk.partition_fragment_A(sQ);
 
-  // The two warpgroups take turns issuing Q K^T (FlashAttention-3's ping-pong): while one runs
-  // its softmax on the CUDA cores, the other's GEMM has the tensor cores. Barriers are mbarriers
-  // per stage rather than __syncthreads, so the warpgroups can run half a tile apart.
+  // Pair i holds tiles 2i (stage 0) and 2i + 1 (stage 1; zero-filled and masked past the end).
+  // Warpgroup w computes S for tile 2i + w only (no Q K^T is done twice), the two agree on each
+  // row's new maximum through shared memory, and each writes its P into its stage's rope block;
+  // then each accumulates its 256 output columns over both tiles: P V with its own P from
+  // registers, and with the other's P from shared memory. Stage 0's P V runs first so stage 0 is
+  // refilled while stage 1's P V runs.
   using cutlass::arch::NamedBarrier;
-  constexpr int kTurnBarrier = 0;  // + warpgroup: "this warpgroup may issue its Q K^T"
-  if (warpgroup == 1 && num_tiles > 0) NamedBarrier::arrive(kThreads, kTurnBarrier + 0);  // warpgroup 0 goes first
-
-  for (int tile = 0; tile < num_tiles; ++tile) {
-    const int stage = tile % Traits::kStages;
-    if (tile + 1 < num_tiles) {
-      const int next_stage = (tile + 1) % Traits::kStages;
-      // The next stage last held tile - 1: both warpgroups must be done reading it.
-      if (tile >= 1) Barrier::wait(&empty_barrier[next_stage], ((tile - 1) / Traits::kStages) & 1);
-      gather_kv_tile(next_stage, next_slot);
-      cutlass::arch::cpasync_barrier_arrive_noinc(&full_barrier[next_stage]);
-      next_slot = slot_of_tile(tile + 2);
-    }
-    Barrier::wait(&full_barrier[stage], (tile / Traits::kStages) & 1);
+  constexpr int kExchangeBarrier = 0;
+  constexpr int kStageElems = cosize_v<typename Traits::SmemLayoutK>;
+  const int num_pairs = (num_tiles + 1) / 2;
+  for (int pair = 0; pair < num_pairs; ++pair) {
+    const int phase = pair & 1;
+    const int my_tile = 2 * pair + warpgroup;
+    Element* my_stage = smem_k + warpgroup * kStageElems;
+    Barrier::wait(&full_barrier[warpgroup], phase);
     cutlass::arch::fence_view_async_shared();  // cp.async writes -> wgmma (async proxy) reads
-
-    Element* stage_ptr = smem_k + stage * cosize_v<typename Traits::SmemLayoutK>;
-    Tensor sK = make_tensor(make_smem_ptr(stage_ptr), typename Traits::SmemLayoutK{});
-    Tensor sV = make_tensor(make_smem_ptr(stage_ptr), typename Traits::SmemLayoutV{});
-    Tensor sV_half = local_tile(sV, Shape<Int<kHalf>, Int<kKeys>>{}, make_coord(warpgroup, 0));
-
-    NamedBarrier::arrive_and_wait(kThreads, kTurnBarrier + warpgroup);
+    Tensor sK = make_tensor(make_smem_ptr(my_stage), typename Traits::SmemLayoutK{});
     issue_warpgroup_gemm<true>(mma_qk, frag_q, thr_qk.partition_fragment_B(sK), acc_s);
-    // Hand the turn over once issued (warpgroup 1 not on its last tile: nobody would wait).
-    if (warpgroup == 0 || tile + 1 < num_tiles) NamedBarrier::arrive(kThreads, kTurnBarrier + 1 - warpgroup);
     wait_warpgroup_gemm(acc_s);
 
     // Visibility of this tile's 64 columns for the thread's two rows (bit c: column kv0 + c);
     // only tiles that reach the drafts read mask words, two at most per row.
-    const int kv0 = kv_begin + tile * kKeys;
+    const int kv0 = kv_begin + my_tile * kKeys;
     uint64_t visible_bits[2] = {~0ull, ~0ull};
-    if (kv0 + kKeys > prefix_len) {
+    if (kv0 < kv_end && kv0 + kKeys > prefix_len) {
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) {
         const int row = row0 + my_row + 8 * j;
@@ -271,7 +267,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
         }
       }
     }
-    // Scale to base 2, mask, online softmax (each row lives in one quad of lanes).
+    // Scale to base 2, mask, maxima of this tile (each row lives in one quad of lanes).
     float tile_max[2] = {-INFINITY, -INFINITY};
     CUTE_UNROLL
     for (int i = 0; i < size(acc_s); ++i) {
@@ -282,10 +278,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       acc_s(i) = s;
       tile_max[which] = fmaxf(tile_max[which], s);
     }
+    CUTE_UNROLL
+    for (int j = 0; j < 2; ++j) tile_max[j] = quad_max(tile_max[j]);
+    if (wg_thread % 4 == 0) {
+      row_exchange[warpgroup * kRows + my_row] = tile_max[0];
+      row_exchange[warpgroup * kRows + my_row + 8] = tile_max[1];
+    }
+    NamedBarrier::arrive_and_wait(kThreads, kExchangeBarrier);  // both tiles' maxima published
+
     float alpha[2], m_safe[2];
     CUTE_UNROLL
     for (int j = 0; j < 2; ++j) {
-      const float m_new = fmaxf(row_max[j], quad_max(tile_max[j]));
+      const float other_max = row_exchange[(1 - warpgroup) * kRows + my_row + 8 * j];
+      const float m_new = fmaxf(row_max[j], fmaxf(tile_max[j], other_max));
       m_safe[j] = m_new == -INFINITY ? 0.f : m_new;  // a row that saw nothing yet stays at 0
       alpha[j] = exp2f(row_max[j] - m_safe[j]);
       row_max[j] = m_new;
@@ -299,6 +304,23 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       row_sum[which] += e;
       probs(i) = Element(e);
     }
+    // P into this stage's rope block: value 4 b + 2 j (+1) is row my_row + 8 j, columns
+    // 8 b + 2 (lane % 4) (+1), one 4-byte store per pair at its swizzled address
+    // (p_tile_byte_offset; both checked in tests/layout_check.cu).
+    const uint32_t p_base = cute::cast_smem_ptr_to_uint(my_stage + Traits::kRopeOffset);
+    CUTE_UNROLL
+    for (int j = 0; j < 2; ++j) {
+      CUTE_UNROLL
+      for (int b = 0; b < kKeys / 8; ++b) {
+        const int i = 4 * b + 2 * j;
+        const uint32_t bits = uint32_t(probs(i).raw()) | (uint32_t(probs(i + 1).raw()) << 16);
+        const uint32_t addr = p_base + p_tile_byte_offset(my_row + 8 * j, 8 * b + 2 * (wg_thread % 4));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(bits) : "memory");
+      }
+    }
+    cutlass::arch::fence_view_async_shared();  // P stores (generic proxy) -> the other's wgmma
+    NamedBarrier::arrive_and_wait(kThreads, kExchangeBarrier);  // both P tiles in shared memory
+
     // Rescale O only when some row's maximum moved (rare once the prefix has been seen).
     if (__any_sync(0xffffffff, alpha[0] != 1.f || alpha[1] != 1.f)) {
       CUTE_UNROLL
@@ -307,15 +329,53 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
 
     Tensor frag_p = make_tensor(probs.data(), acc_layout_as_a_operand(probs.layout()));
     warpgroup_fence_operand(frag_p);  // the registers the RS wgmma reads are final here
-    issue_warpgroup_gemm<false>(mma_pv, frag_p, thr_pv.partition_fragment_B(sV_half), acc_o);
+    CUTE_UNROLL
+    for (int stage = 0; stage < Traits::kStages; ++stage) {
+      Element* stage_ptr = smem_k + stage * kStageElems;
+      Tensor sV = make_tensor(make_smem_ptr(stage_ptr), typename Traits::SmemLayoutV{});
+      Tensor sV_half = local_tile(sV, Shape<Int<kHalf>, Int<kKeys>>{}, make_coord(warpgroup, 0));
+      if (stage == warpgroup) {
+        issue_warpgroup_gemm<false>(mma_pv, frag_p, thr_pv.partition_fragment_B(sV_half), acc_o);
+      } else {
+        Tensor sP_other = make_tensor(make_smem_ptr(stage_ptr + Traits::kRopeOffset), typename Traits::SmemLayoutP{});
+        issue_warpgroup_gemm<false>(mma_pv_shared, thr_pv_shared.partition_fragment_A(sP_other),
+                                    thr_pv_shared.partition_fragment_B(sV_half), acc_o);
+      }
+    }
+    // Stage 0's P V done: release it, and once both warpgroups have, refill it for the next pair.
+    warpgroup_wait<1>();
+    Barrier::arrive(&empty_barrier[0]);
+    if (pair + 1 < num_pairs) {
+      Barrier::wait(&empty_barrier[0], phase);
+      gather_kv_tile(0, next_slot[0]);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&full_barrier[0]);
+      next_slot[0] = slot_of_tile(2 * pair + 4);
+    }
     wait_warpgroup_gemm(acc_o);
-    Barrier::arrive(&empty_barrier[stage]);  // this thread's reads of the stage are complete
+    Barrier::arrive(&empty_barrier[1]);
+    if (pair + 1 < num_pairs) {
+      Barrier::wait(&empty_barrier[1], phase);
+      gather_kv_tile(1, next_slot[1]);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&full_barrier[1]);
+      next_slot[1] = slot_of_tile(2 * pair + 5);
+    }
   }
+
+  // Each warpgroup summed its own tiles' P (both with the same maxima): add the two per row.
+  CUTE_UNROLL
+  for (int j = 0; j < 2; ++j) row_sum[j] = quad_sum(row_sum[j]);
+  if (wg_thread % 4 == 0) {  // the last reads of row_exchange were before the last P barrier
+    row_exchange[warpgroup * kRows + my_row] = row_sum[0];
+    row_exchange[warpgroup * kRows + my_row + 8] = row_sum[1];
+  }
+  NamedBarrier::arrive_and_wait(kThreads, kExchangeBarrier);
+  CUTE_UNROLL
+  for (int j = 0; j < 2; ++j) row_sum[j] += row_exchange[(1 - warpgroup) * kRows + my_row + 8 * j];
 
   float lse_row[2], inv_sum[2];
   CUTE_UNROLL
   for (int j = 0; j < 2; ++j) {
-    const float total = quad_sum(row_sum[j]);
+    const float total = row_sum[j];
     inv_sum[j] = total > 0.f ? 1.f / total : 0.f;
     lse_row[j] = total > 0.f ? (row_max[j] + log2f(total)) * 0.6931471805599453f : -INFINITY;
   }

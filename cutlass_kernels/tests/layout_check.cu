@@ -7,12 +7,16 @@
 // 3. Both warpgroups' accumulators of S and O own the same two rows per thread.
 // 4. The O accumulator holds adjacent column pairs: values 4b + 2j and 4b + 2j + 1 are row r0 + 8j,
 //    columns 8b + 2 (lane % 4) and the next one (the epilogue stores each pair at once).
+// 5. P in shared memory: the rope block (columns 512..575) of a KV stage, at kRopeOffset, is laid
+//    out exactly as a 64 x 64 P tile; and P V from shared memory (SS) accumulates into the same
+//    registers as P V from registers (RS).
 #include <cstdio>
 
 #include "sm90/traits.cuh"
 
 using namespace cute;
 using Traits = ddtree::sm90::VerifyTraits<cutlass::bfloat16_t>;
+alignas(1024) static cutlass::bfloat16_t stage_bytes[64 * 576];  // stands in for a KV stage
 
 int main() {
   int failures = 0;
@@ -53,8 +57,38 @@ int main() {
       if (get<1>(a) != 8 * (i / 4) + 2 * (t % 4)) failures++;  // ... and column 8 b + 2 (lane % 4)
     }
   }
+  typename Traits::TiledMmaPVShared mma_pv_shared;
+  for (int t = 0; t < 128; ++t) {
+    auto rs = mma_pv.get_slice(t).partition_C(ident_o);
+    auto ss = mma_pv_shared.get_slice(t).partition_C(ident_o);
+    if (size(rs) != size(ss)) failures++;
+    for (int i = 0; i < size(rs) && i < size(ss); ++i) {
+      if (rs(i) != ss(i)) failures++;
+    }
+  }
   typename Traits::SmemLayoutK layout_k;
   typename Traits::SmemLayoutV layout_v;
+  // Swizzled byte addresses need a (1 KB aligned) shared-memory pointer: a layout evaluated
+  // without one returns the unswizzled offset.
+  auto tile_p = make_tensor(make_smem_ptr(stage_bytes), typename Traits::SmemLayoutP{});
+  auto tile_k = make_tensor(make_smem_ptr(stage_bytes), typename Traits::SmemLayoutK{});
+  auto byte_of = [](auto& element) { return int(reinterpret_cast<char*>(&element) - reinterpret_cast<char*>(stage_bytes)); };
+  for (int row = 0; row < 64; ++row) {
+    for (int col = 0; col < 64; ++col) {
+      const int p_byte = byte_of(tile_p(row, col));
+      if (p_byte != int(ddtree::sm90::p_tile_byte_offset(row, col))) failures++;
+      if (byte_of(tile_k(row, Traits::kLatent + col)) != 2 * Traits::kRopeOffset + p_byte) failures++;
+    }
+  }
+  // The S accumulator: value 4 b + 2 j (+1) is row r0 + 8 j, columns 8 b + 2 (lane % 4) (+1).
+  for (int t = 0; t < 128; ++t) {
+    auto s_coords = mma_qk.get_slice(t).partition_C(ident_s);
+    int r0 = get<0>(s_coords(0));
+    for (int i = 0; i < size(s_coords); ++i) {
+      int j = (i / 2) % 2, b = i / 4;
+      if (get<0>(s_coords(i)) != r0 + 8 * j || get<1>(s_coords(i)) != 8 * b + 2 * (t % 4) + i % 2) failures++;
+    }
+  }
   for (int key = 0; key < 64; ++key) {
     for (int col = 0; col < 512; ++col) {
       if (layout_v(col, key) != layout_k(key, col)) failures++;
