@@ -169,8 +169,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   const Element* q_ptr = static_cast<const Element*>(p.q);
   const Element* kv_ptr = static_cast<const Element*>(p.kv);
   // Gather: each thread copies one key's row in every tile (kThreadsPerKey threads share a row,
-  // interleaved 16-byte chunks), so it needs one slot id per tile. The id of the tile after the
-  // one being gathered is loaded a whole tile ahead, so no cp.async waits on an index load.
+  // interleaved 16-byte chunks), so it needs one slot id per tile. The ids of the next pair's
+  // tiles are loaded a pair ahead, so no cp.async waits on an index load.
   constexpr int kThreadsPerKey = kThreads / kKeys;
   const int gather_key = tid / kThreadsPerKey, gather_chunk0 = tid % kThreadsPerKey;
   auto slot_of_tile = [&](int tile) -> int {  // -1: past the range (zero-filled)
@@ -326,6 +326,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       CUTE_UNROLL
       for (int i = 0; i < size(acc_o); ++i) acc_o(i) *= alpha[get<0>(coord_o(i)) == my_row ? 0 : 1];
     }
+
+    // The other stage's V: this warpgroup observes its arrival itself (the other warpgroup
+    // waited for it before its Q K^T, so this does not block).
+    Barrier::wait(&full_barrier[1 - warpgroup], phase);
+    cutlass::arch::fence_view_async_shared();
 
     Tensor frag_p = make_tensor(probs.data(), acc_layout_as_a_operand(probs.layout()));
     warpgroup_fence_operand(frag_p);  // the registers the RS wgmma reads are final here
