@@ -1,6 +1,7 @@
 // Compact tree mask: int64 [num_rows, words_per_row]; bit j of word w in row t says that draft
-// row t sees draft column 64*w + j of its own request. One thread per (row, word), one launch on
-// the current stream, no host reads: capturable in CUDA graphs. Layouts as in SGLang:
+// row t sees draft column 64*w + j of its own request. One warp per (row, word): lane j reads
+// bytes j and 32 + j of the row's 64-column window (coalesced) and two ballots make the word.
+// One launch on the current stream, no host reads: capturable in CUDA graphs. Layouts as in SGLang:
 //   full   - request b's block is [n, P + n] bytes at mask_indptr[b]; draft column j at P + j
 //   qlen   - request b's block is [n, n] bytes at mask_indptr[b] (or the sum of earlier n^2)
 //   packed - one integer per draft row at index qo_indptr[b] + i, bit j = sees draft j
@@ -22,8 +23,9 @@ __global__ void convert_tree_mask_kernel(const uint8_t* __restrict__ mask, int64
                                          IndexView mask_indptr, bool has_mask_indptr, IndexView qo_indptr,
                                          IndexView kv_indptr, int batch, MaskLayout layout, int64_t num_rows,
                                          int words_per_row, int64_t* __restrict__ words) {
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= num_rows * words_per_row) return;
+  const int lane = threadIdx.x % 32;
+  const int64_t idx = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // one warp per word
+  if (idx >= num_rows * words_per_row) return;  // warp-uniform
   const int64_t row = idx / words_per_row;
   const int word = static_cast<int>(idx % words_per_row);
   uint64_t bits = 0;
@@ -58,14 +60,17 @@ __global__ void convert_tree_mask_kernel(const uint8_t* __restrict__ mask, int64
           }
           start = block + draft_row * num_draft + col0;
         }
-        for (int j = 0; j < count; ++j) {
+        auto sees = [&](int j) {
           const int64_t at = start + j;
-          if (at >= 0 && at < mask_numel && mask[at] != 0) bits |= uint64_t{1} << j;
-        }
+          return j < count && at >= 0 && at < mask_numel && mask[at] != 0;
+        };
+        const uint32_t low = __ballot_sync(0xffffffffu, sees(lane));
+        const uint32_t high = __ballot_sync(0xffffffffu, sees(32 + lane));
+        bits = static_cast<uint64_t>(low) | (static_cast<uint64_t>(high) << 32);
       }
     }
   }
-  words[idx] = static_cast<int64_t>(bits);
+  if (lane == 0) words[idx] = static_cast<int64_t>(bits);
 }
 
 at::Tensor convert_tree_mask_cuda(const at::Tensor& tree_mask, const c10::optional<at::Tensor>& mask_indptr,
@@ -90,7 +95,8 @@ at::Tensor convert_tree_mask_cuda(const at::Tensor& tree_mask, const c10::option
   at::Tensor words = at::empty({num_rows, words_per_row}, qo_indptr.options().dtype(at::kLong));
   const int64_t total = num_rows * words_per_row;
   if (total == 0) return words;
-  const int blocks = static_cast<int>((total + kThreads - 1) / kThreads);
+  const int64_t threads = total * 32;  // a warp per word
+  const int blocks = static_cast<int>((threads + kThreads - 1) / kThreads);
   convert_tree_mask_kernel<<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
       static_cast<const uint8_t*>(tree_mask.data_ptr()), mask_numel, packed_bytes, mask_indptr_view, has_mask_indptr,
       view_of(qo_indptr), view_of(kv_indptr), batch, kind, num_rows, static_cast<int>(words_per_row),
