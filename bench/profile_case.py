@@ -11,22 +11,14 @@ import argparse
 import torch
 
 from bench.cases import all_cases
-from bench.verify import Inputs
+from bench.verify import Inputs, capture_graph
 
 
 def kernel_times(launches, replays: int = 20) -> None:
     """Captures `launches` in one graph as bench/verify.py does and prints, from torch.profiler
     (CUPTI), each kernel's mean GPU time per launch next to the wall time of a replay, so that
     time spent between kernels shows up as the difference."""
-    for launch in launches:
-        launch()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for launch in launches:
-            launch()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = capture_graph(launches)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(replays):

@@ -28,15 +28,14 @@ from ddtree_op.synthetic import make_verify_batch
 L2_BYTES = 60 * 2**20
 
 
-def time_graph(launches, groups: int = 15, group_seconds: float = 1e-3) -> float:
-    """Median seconds of one launch: all `launches` captured in one graph, replayed back to back
-    in groups of about group_seconds (the GPU stays busy and clocked up, as in serving; one
-    replay with a host sync in between would time an idling GPU), median over the groups."""
+def capture_graph(launches) -> torch.cuda.CUDAGraph:
+    """All `launches` captured in one CUDA graph (after a warm-up on a side stream that compiles
+    kernels and loads libraries), replayed once."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for launch in launches:
-            launch()  # warm-up: compiles kernels, loads libraries
+            launch()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -44,6 +43,14 @@ def time_graph(launches, groups: int = 15, group_seconds: float = 1e-3) -> float
             launch()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def time_graph(launches, groups: int = 15, group_seconds: float = 1e-3) -> float:
+    """Median seconds of one launch: all `launches` captured in one graph, replayed back to back
+    in groups of about group_seconds (the GPU stays busy and clocked up, as in serving; one
+    replay with a host sync in between would time an idling GPU), median over the groups."""
+    graph = capture_graph(launches)
 
     def replay_seconds(count: int) -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

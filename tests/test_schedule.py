@@ -1,0 +1,28 @@
+"""The split-KV schedule: a function of shapes only (pure Python, checked on the CPU)."""
+
+import pytest
+
+from ddtree_op.schedule import MAX_SPLITS, num_kv_splits
+
+SMS = 132
+
+
+@pytest.mark.parametrize("tokens,heads,batch,keys", [(4, 16, 1, 1028), (4, 16, 1, 8196), (256, 16, 32, 262272),
+                                                     (512, 128, 8, 66048), (1, 1, 1, 1), (64, 128, 1, 65600)])
+@pytest.mark.parametrize("ctas_per_sm,min_keys", [(1, 128), (2, 256)])
+def test_splits_fill_at_most_one_round_of_resident_ctas(tokens, heads, batch, keys, ctas_per_sm, min_keys):
+    splits = num_kv_splits(tokens, heads, batch, keys, SMS, 64, ctas_per_sm, min_keys)
+    row_blocks = -(-tokens * heads // 64)
+    assert 1 <= splits <= MAX_SPLITS
+    assert splits == 1 or row_blocks * splits <= SMS * ctas_per_sm  # no short last wave
+    assert splits == 1 or keys / batch / splits >= min_keys  # no split shorter than min_keys on average
+
+
+def test_one_request_with_a_long_prefix_is_split_across_the_gpu():
+    assert num_kv_splits(4, 16, 1, 8196, SMS, 64, 1, 128) == 64  # by length: 8196 // 128
+    assert num_kv_splits(4, 16, 1, 65540, SMS, 64, 1, 128) == MAX_SPLITS
+    assert num_kv_splits(4, 16, 1, 1028, SMS, 64, 1, 128) == 8
+
+
+def test_enough_row_blocks_means_no_split():
+    assert num_kv_splits(64 * 8, 128, 8, 8 * 8256, SMS, 64, 1, 128) == 1  # 1024 row blocks
