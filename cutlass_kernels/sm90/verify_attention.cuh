@@ -357,6 +357,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       next_slot[0] = slot_of_tile(2 * pair + 4);
     }
     wait_warpgroup_gemm(acc_o);
+    // Keep P's registers live and unchanged until here: warpgroup 1's RS GEMM (stage 1) was in
+    // flight during the refill above, whose temporaries must not reuse them.
+    warpgroup_fence_operand(frag_p);
     Barrier::arrive(&empty_barrier[1]);
     if (pair + 1 < num_pairs) {
       Barrier::wait(&empty_barrier[1], phase);
