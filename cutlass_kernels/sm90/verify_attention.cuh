@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   constexpr int kColumnBlocks = kHalf / 8;
   CUTE_UNROLL
   for (int j = 0; j < 2; ++j) {
-    if (!row_valid[j]) continue;  // only the last tile of a request has rows past its end
+    if (!row_valid[j]) continue;  // only the last row block of a request has rows past its end
     if (p.num_splits > 1) {
       float* dst = p.part_out + row_offset[j] + col_base;
       CUTE_UNROLL
