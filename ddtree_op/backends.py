@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import warnings
 
 import torch
 
+from . import build
 from .reference import tree_attention_reference
 
 BACKENDS = ("auto", "reference", "triton", "cutlass")
@@ -21,10 +24,21 @@ def sm90_kernel_available(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device) == (9, 0)
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_no_cutlass_headers() -> None:
+    warnings.warn("ddtree_op: this GPU runs the sm_90a kernel, but the CUTLASS headers it is built with are not "
+                  "installed (`pip install --no-deps nvidia-cutlass`); backend 'auto' uses the slower Triton kernel")
+
+
 def auto_cuda_backend(device: torch.device) -> str:
-    if os.environ.get(DISABLE_SM90_ENV, "0") != "1" and sm90_kernel_available(device):
-        return "cutlass"
-    return "triton"
+    """The sm_90a kernel on compute capability 9.0 when its JIT build can find the CUTLASS
+    headers, else the Triton kernel (with a warning, once, where only the headers are missing)."""
+    if os.environ.get(DISABLE_SM90_ENV, "0") == "1" or not sm90_kernel_available(device):
+        return "triton"
+    if not build.cutlass_headers_available():
+        _warn_no_cutlass_headers()
+        return "triton"
+    return "cutlass"
 
 
 def sm90_accepts(q: torch.Tensor, kv_rows: torch.Tensor, out: torch.Tensor) -> bool:

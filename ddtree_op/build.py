@@ -46,18 +46,29 @@ def _header_files() -> list[Path]:
     return sorted(p for p in kernel_source_dir().rglob("*") if p.suffix in (".h", ".cuh", ".hpp"))
 
 
-def cutlass_include_dir() -> Path:
-    """CUTLASS/CuTe headers from the installed `nvidia-cutlass` wheel (found without importing
-    cutlass_library, which pulls heavy dependencies)."""
+def _find_cutlass_include_dir() -> Path | None:
     spec = importlib.util.find_spec("cutlass_library")
     if spec is not None and spec.submodule_search_locations:
         include = Path(list(spec.submodule_search_locations)[0]) / "source" / "include"
         if (include / "cute").is_dir():
             return include
-    raise RuntimeError(
-        "ddtree_op: CUTLASS headers not found; install them with `pip install nvidia-cutlass` "
-        "(they ship under cutlass_library/source/include)"
-    )
+    return None
+
+
+def cutlass_headers_available() -> bool:
+    return _find_cutlass_include_dir() is not None
+
+
+def cutlass_include_dir() -> Path:
+    """CUTLASS/CuTe headers from the installed `nvidia-cutlass` wheel (found without importing
+    cutlass_library, which pulls heavy dependencies)."""
+    include = _find_cutlass_include_dir()
+    if include is None:
+        raise RuntimeError(
+            "ddtree_op: CUTLASS headers not found; install them with `pip install --no-deps nvidia-cutlass` "
+            "(they ship under cutlass_library/source/include)"
+        )
+    return include
 
 
 def gpu_arch(device_index: int | None = None) -> str:

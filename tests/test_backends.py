@@ -1,5 +1,7 @@
-"""Backend choice: the layouts the sm_90a kernel takes (16-byte aligned rows), checked on CPU tensors."""
+"""Backend choice: the layouts the sm_90a kernel takes (16-byte aligned rows) and "auto" without the
+CUTLASS headers, checked on the CPU."""
 
+import pytest
 import torch
 
 from ddtree_op.backends import sm90_accepts
@@ -21,3 +23,18 @@ def test_sm90_accepts_aligned_rows_only():
     assert not sm90_accepts(_bf16(4, 2, 577)[..., :576], kv, out)  # head stride 577 elements
     assert not sm90_accepts(q, _bf16(10, 580)[:, :576], out)  # row stride 580 elements
     assert not sm90_accepts(q, kv, _bf16(4, 2, 513)[..., :512])  # out head stride odd
+
+
+def test_auto_uses_triton_where_the_cutlass_headers_are_missing(monkeypatch):
+    from ddtree_op import backends, build
+
+    monkeypatch.setattr(backends, "sm90_kernel_available", lambda device: True)
+    monkeypatch.setattr(build, "cutlass_headers_available", lambda: True)
+    assert backends.auto_cuda_backend(torch.device("cuda")) == "cutlass"
+    monkeypatch.setattr(build, "cutlass_headers_available", lambda: False)
+    backends._warn_no_cutlass_headers.cache_clear()
+    with pytest.warns(UserWarning, match="nvidia-cutlass"):
+        assert backends.auto_cuda_backend(torch.device("cuda")) == "triton"
+    monkeypatch.setenv(backends.DISABLE_SM90_ENV, "1")
+    monkeypatch.setattr(build, "cutlass_headers_available", lambda: True)
+    assert backends.auto_cuda_backend(torch.device("cuda")) == "triton"
