@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call per stage, to validate a commit on the H200 within the device budget.
 #   run(command="bash bench/device_check.sh STAGE", carry=[".whl"])   (.whl/ holds the nvidia-cutlass wheel)
-# Stages: final     - (kind nvidia-h200-x2) second GPU, racecheck, tiny-shape kernel times, benchmark
+# Stages: close     - every GPU test, racecheck (sm90, 150 s), memcheck (Triton)
+#         final     - (kind nvidia-h200-x2) second GPU, racecheck, tiny-shape kernel times, benchmark
 #         validate  - every GPU test, install + JIT check, sanitizers, per-kernel times (tiny shape)
 #         iterate   - after a kernel change: sm90 correctness, sm90 grid timings, ncu on two shapes
 #         first     - sm90, then the grid timed for sm90 and Triton (no baseline, no prep)
@@ -11,7 +12,7 @@
 #         bench     - the benchmark (grid, ragged, serving) with every available backend
 # Writes logs under $OUT (at most 8 files come back).
 set -uo pipefail
-stage=${1:?stage: final | validate | iterate | first | sm90 | tests | sanitize | bench}
+stage=${1:?stage: close | final | validate | iterate | first | sm90 | tests | sanitize | bench}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1
 commit=${DDTREE_COMMIT:-unknown}
@@ -60,6 +61,14 @@ case "$stage" in
     done
     DDTREE_COMMIT=$commit timeout 400 python3 -m bench.verify --cases all --backends cutlass,triton,sglang_baseline \
       --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -12 ;;
+  close)  # after CPU-only changes to a validated kernel: every GPU test, racecheck with time to finish, Triton memcheck
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests -k "not cpu" 2>&1 | grep -v DEBUG \
+      | tee "$OUT/gpu_tests.log" | tail -8
+    timeout 150 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+      tests/test_gpu.py -k "H16-B3-n16-P9000 and full and cutlass" 2>&1 | grep -v DEBUG | tee "$OUT/sanitizer_racecheck.log" | tail -3
+    timeout 90 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+      tests/test_gpu.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and triton" 2>&1 | grep -v DEBUG \
+      | tee "$OUT/sanitizer_memcheck_triton.log" | tail -3 ;;
   tests)
     timeout 560 python3 -m pytest -q -p no:cacheprovider tests -k "not cpu" 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -30 ;;
   sanitize)
