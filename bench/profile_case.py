@@ -11,7 +11,7 @@ import argparse
 import torch
 
 from bench.cases import all_cases
-from bench.verify import Inputs, capture_graph
+from bench.verify import Inputs, capture_graph, replay_seconds
 
 
 def kernel_times(launches, replays: int = 20) -> None:
@@ -19,13 +19,7 @@ def kernel_times(launches, replays: int = 20) -> None:
     (CUPTI), each kernel's mean GPU time per launch next to the wall time of a replay, so that
     time spent between kernels shows up as the difference."""
     graph = capture_graph(launches)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    per_launch_us = start.elapsed_time(end) * 1e3 / replays / len(launches)
+    per_launch_us = replay_seconds(graph, replays) * 1e6 / len(launches)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             graph.replay()

@@ -46,23 +46,24 @@ def capture_graph(launches) -> torch.cuda.CUDAGraph:
     return graph
 
 
+def replay_seconds(graph: torch.cuda.CUDAGraph, count: int) -> float:
+    """Mean seconds of one replay over `count` back-to-back replays, timed with events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(count):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / count
+
+
 def time_graph(launches, groups: int = 15, group_seconds: float = 1e-3) -> float:
     """Median seconds of one launch: all `launches` captured in one graph, replayed back to back
     in groups of about group_seconds (the GPU stays busy and clocked up, as in serving; one
     replay with a host sync in between would time an idling GPU), median over the groups."""
     graph = capture_graph(launches)
-
-    def replay_seconds(count: int) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(count):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / count
-
-    per_group = max(1, min(200, math.ceil(group_seconds / replay_seconds(3))))
-    times = sorted(replay_seconds(per_group) for _ in range(groups))
+    per_group = max(1, min(200, math.ceil(group_seconds / replay_seconds(graph, 3))))
+    times = sorted(replay_seconds(graph, per_group) for _ in range(groups))
     del graph
     return times[len(times) // 2] / len(launches)
 

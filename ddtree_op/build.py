@@ -55,7 +55,9 @@ def _find_cutlass_include_dir() -> Path | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def cutlass_headers_available() -> bool:
+    # Cached: "auto" asks on every call, and a module search plus a stat is not free on that path.
     return _find_cutlass_include_dir() is not None
 
 
