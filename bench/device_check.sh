@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # One device call per stage, to validate a commit on the H200 within the device budget.
 #   run(command="bash bench/device_check.sh STAGE", carry=[".whl"])   (.whl/ holds the nvidia-cutlass wheel)
-# Stages: close     - every GPU test, racecheck (sm90, 150 s), memcheck (Triton)
+# Stages: iterate2  - (kind nvidia-h200-x2) a kernel change: every GPU test on GPU 1 while GPU 0 times the
+#                     grid, the tiny shape's kernels and one ncu profile; then the two-GPU test
+#         finish2   - (kind nvidia-h200-x2) the whole benchmark on GPU 0 while GPU 1 runs the sanitizers
+#         close     - every GPU test, racecheck (sm90, 150 s), memcheck (Triton)
 #         final     - (kind nvidia-h200-x2) second GPU, racecheck, tiny-shape kernel times, benchmark
 #         validate  - every GPU test, install + JIT check, sanitizers, per-kernel times (tiny shape)
 #         iterate   - after a kernel change: sm90 correctness, sm90 grid timings, ncu on two shapes
@@ -12,13 +15,41 @@
 #         bench     - the benchmark (grid, ragged, serving) with every available backend
 # Writes logs under $OUT (at most 8 files come back).
 set -uo pipefail
-stage=${1:?stage: close | final | validate | iterate | first | sm90 | tests | sanitize | bench}
+stage=${1:?stage: iterate2 | finish2 | close | final | validate | iterate | first | sm90 | tests | sanitize | bench}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1
 commit=${DDTREE_COMMIT:-unknown}
 nvidia-smi -L > "$OUT/env.log" 2>&1
 
 case "$stage" in
+  iterate2)
+    python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' 2>&1 | grep -v DEBUG | tail -3
+    ( CUDA_VISIBLE_DEVICES=1 timeout 330 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests -k "not cpu and not multi_gpu" \
+        2>&1 | grep -v DEBUG > "$OUT/gpu_tests.log" ) &
+    export CUDA_VISIBLE_DEVICES=0
+    DDTREE_COMMIT=$commit timeout 170 python3 -m bench.verify --cases grid --no-prep --backends cutlass,triton \
+      --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -45
+    timeout 30 python3 -m bench.profile_case H16_n4_B1_P1024 --kernels 2>&1 | grep -v Warn | tee "$OUT/kernels.log"
+    timeout 80 ncu --clock-control none -k regex:verify_attention --launch-skip 1 --launch-count 1 \
+      --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
+      python3 -m bench.profile_case H128_n64_B8_P8192 > "$OUT/ncu_H128_n64_B8_P8192.txt" 2>&1
+    grep -E "Duration|Throughput|Registers" "$OUT/ncu_H128_n64_B8_P8192.txt" | head -12
+    wait; unset CUDA_VISIBLE_DEVICES; tail -6 "$OUT/gpu_tests.log"
+    timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_multi_gpu.py 2>&1 | grep -v DEBUG \
+      | tee "$OUT/multi_gpu.log" | tail -3 ;;
+  finish2)
+    python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' 2>&1 | grep -v DEBUG | tail -3
+    ( export CUDA_VISIBLE_DEVICES=1
+      timeout 200 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+        tests/test_gpu.py -k "H16-B3-n16-P9000 and full and cutlass" 2>&1 | grep -v DEBUG > "$OUT/sanitizer_racecheck.log"
+      for backend in cutlass triton; do
+        timeout 100 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+          tests/test_gpu.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and $backend" 2>&1 | grep -v DEBUG \
+          >> "$OUT/sanitizer_memcheck.log"
+      done ) &
+    CUDA_VISIBLE_DEVICES=0 DDTREE_COMMIT=$commit timeout 480 python3 -m bench.verify --cases all \
+      --backends cutlass,triton,sglang_baseline --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -14
+    wait; tail -3 "$OUT/sanitizer_racecheck.log"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer_memcheck.log" ;;
   sm90)
     timeout 500 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu.py -k "cutlass" 2>&1 | grep -v DEBUG | tee "$OUT/sm90_tests.log" | tail -40 ;;
   first)  # sm90 correctness, then (only if it passed) first timings on the grid, sm90 vs Triton
