@@ -19,7 +19,7 @@ stage=${1:?stage: iterate2 | finish2 | close | final | validate | iterate | firs
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1
 commit=${DDTREE_COMMIT:-unknown}
-nvidia-smi -L > "$OUT/env.log" 2>&1
+if [ "$stage" = finish2 ]; then nvidia-smi -L; else nvidia-smi -L > "$OUT/env.log" 2>&1; fi  # finish2 needs all 8 files
 
 case "$stage" in
   iterate2)
@@ -46,7 +46,15 @@ case "$stage" in
         timeout 100 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
           tests/test_gpu.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and $backend" 2>&1 | grep -v DEBUG \
           >> "$OUT/sanitizer_memcheck.log"
-      done ) &
+      done
+      # Where a tiny shape's time goes: every ncu section, and per-SASS-line stall samples.
+      for shape in H16_n4_B1_P1024 H16_n4_B1_P8192; do
+        timeout 60 ncu --clock-control none --set full -k regex:verify_attention --launch-skip 1 --launch-count 1 \
+          -f -o /tmp/ncu_$shape python3 -m bench.profile_case $shape > /dev/null 2>&1
+        ncu -i /tmp/ncu_$shape.ncu-rep --print-details all >> "$OUT/ncu_tiny.txt" 2>&1
+      done
+      ncu -i /tmp/ncu_H16_n4_B1_P8192.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_tiny_source.csv" 2>&1
+    ) &
     CUDA_VISIBLE_DEVICES=0 DDTREE_COMMIT=$commit timeout 480 python3 -m bench.verify --cases all \
       --backends cutlass,triton,sglang_baseline --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -14
     wait; tail -3 "$OUT/sanitizer_racecheck.log"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer_memcheck.log" ;;
