@@ -40,10 +40,10 @@ case "$stage" in
   finish2)
     python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' 2>&1 | grep -v DEBUG | tail -3
     ( export CUDA_VISIBLE_DEVICES=1
-      timeout 200 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+      timeout 170 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
         tests/test_gpu.py -k "H16-B3-n16-P9000 and full and cutlass" 2>&1 | grep -v DEBUG > "$OUT/sanitizer_racecheck.log"
       for backend in cutlass triton; do
-        timeout 100 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+        timeout 80 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
           tests/test_gpu.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and $backend" 2>&1 | grep -v DEBUG \
           >> "$OUT/sanitizer_memcheck.log"
       done
@@ -55,7 +55,7 @@ case "$stage" in
       done
       ncu -i /tmp/ncu_H16_n4_B1_P8192.ncu-rep --page source --csv --print-source sass > "$OUT/ncu_tiny_source.csv" 2>&1
     ) &
-    CUDA_VISIBLE_DEVICES=0 DDTREE_COMMIT=$commit timeout 480 python3 -m bench.verify --cases all \
+    CUDA_VISIBLE_DEVICES=0 DDTREE_COMMIT=$commit timeout 450 python3 -m bench.verify --cases all \
       --backends cutlass,triton,sglang_baseline --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -14
     wait; tail -3 "$OUT/sanitizer_racecheck.log"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer_memcheck.log" ;;
   sm90)
