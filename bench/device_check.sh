@@ -40,8 +40,10 @@ case "$stage" in
   finish2)
     python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' 2>&1 | grep -v DEBUG | tail -3
     ( export CUDA_VISIBLE_DEVICES=1
-      timeout 170 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
-        tests/test_gpu.py -k "H16-B3-n16-P9000 and full and cutlass" 2>&1 | grep -v DEBUG > "$OUT/sanitizer_racecheck.log"
+      for shape in H1-B3-n33-P64 H16-B3-n16-P9000; do  # a small one that surely finishes, then one with many tiles
+        timeout 150 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+          tests/test_gpu.py -k "$shape and full and cutlass" 2>&1 | grep -v DEBUG >> "$OUT/sanitizer_racecheck.log"
+      done
       for backend in cutlass triton; do
         timeout 80 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
           tests/test_gpu.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and $backend" 2>&1 | grep -v DEBUG \
@@ -57,7 +59,7 @@ case "$stage" in
     ) &
     CUDA_VISIBLE_DEVICES=0 DDTREE_COMMIT=$commit timeout 450 python3 -m bench.verify --cases all \
       --backends cutlass,triton,sglang_baseline --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -14
-    wait; tail -3 "$OUT/sanitizer_racecheck.log"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer_memcheck.log" ;;
+    wait; grep -E "SUMMARY|passed|failed" "$OUT/sanitizer_racecheck.log"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer_memcheck.log" ;;
   sm90)
     timeout 500 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu.py -k "cutlass" 2>&1 | grep -v DEBUG | tee "$OUT/sm90_tests.log" | tail -40 ;;
   first)  # sm90 correctness, then (only if it passed) first timings on the grid, sm90 vs Triton
