@@ -152,35 +152,35 @@ def _combine_splits_kernel(
     part_out_ptr, part_lse_ptr, qo_indptr_ptr, batch,
     out_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh,
     num_tokens,
-    HEADS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HEADS: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr,
 ):
-    """Merges NUM_SPLITS partial (out, lse) pairs of each valid row by their LSE; program (i, j)
-    does rows [i * BLOCK_R, +BLOCK_R) and columns [j * BLOCK_D, +BLOCK_D) (enough programs to
-    read the partials at full bandwidth even when there are few rows)."""
+    """Merges the NUM_SPLITS partial (out, lse) pairs of one valid row by their LSE; program
+    (r, j) does row r, columns [j * BLOCK_D, +BLOCK_D). All splits are loaded at once as one
+    [SPLITS_POW2, BLOCK_D] tile, so a program waits for one memory round trip, not one per split
+    (a loop over 64 splits of partials cost ~20 us at B = 1)."""
+    row = tl.program_id(0).to(tl.int64)
     pid_d = tl.program_id(1)
-    flat = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     valid_rows = tl.load(qo_indptr_ptr + batch).to(tl.int64) * HEADS
-    ok = flat < valid_rows
-    stride_split = num_tokens * HEADS
-    lse_max = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    for s in range(NUM_SPLITS):
-        lse_max = tl.maximum(lse_max, tl.load(part_lse_ptr + s * stride_split + flat, mask=ok, other=float("-inf")))
-    lse_max_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    dv = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    total = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for s in range(NUM_SPLITS):
-        weight = tl.exp(tl.load(part_lse_ptr + s * stride_split + flat, mask=ok, other=float("-inf")) - lse_max_safe)
-        part = tl.load(part_out_ptr + (s * stride_split + flat)[:, None] * D_LATENT + dv[None, :], mask=ok[:, None] & (weight > 0)[:, None], other=0.0)
-        acc += weight[:, None] * part
-        total += weight
-    saw_any = total > 0.0
-    o = acc / tl.where(saw_any, total, 1.0)[:, None]
-    lse = tl.where(saw_any, lse_max_safe + tl.log(tl.where(saw_any, total, 1.0)), float("-inf"))
-    t = flat // HEADS
-    h = flat % HEADS
-    tl.store(out_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + dv[None, :], o.to(out_ptr.dtype.element_ty), mask=ok[:, None])
-    tl.store(lse_ptr + t * stride_lt + h * stride_lh, lse, mask=ok & (pid_d == 0))
+    if row < valid_rows:
+        stride_split = num_tokens * HEADS
+        split = tl.arange(0, SPLITS_POW2)
+        part_lse = tl.load(part_lse_ptr + split * stride_split + row, mask=split < NUM_SPLITS, other=float("-inf"))
+        lse_max = tl.max(part_lse, axis=0)
+        lse_max_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+        weight = tl.exp(part_lse - lse_max_safe)  # 0 for splits that saw no key (and padding splits)
+        total = tl.sum(weight, axis=0)
+        dv = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+        part = tl.load(part_out_ptr + (split * stride_split + row)[:, None] * D_LATENT + dv[None, :],
+                       mask=(weight > 0)[:, None], other=0.0)
+        acc = tl.sum(weight[:, None] * part, axis=0)
+        saw_any = total > 0.0
+        o = acc / tl.where(saw_any, total, 1.0)
+        t = row // HEADS
+        h = row % HEADS
+        tl.store(out_ptr + t * stride_ot + h * stride_oh + dv, o.to(out_ptr.dtype.element_ty))
+        if pid_d == 0:
+            lse = tl.where(saw_any, lse_max_safe + tl.log(tl.where(saw_any, total, 1.0)), float("-inf"))
+            tl.store(lse_ptr + t * stride_lt + h * stride_lh, lse)
 
 
 # Tile configuration; tuned on the H200 (see bench/results and the kernel notes).
@@ -228,10 +228,12 @@ def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices,
 def combine_splits(part_out, part_lse, qo_indptr, out, lse):
     """out/lse of the valid rows from per-split partials ([S, T*H, 512] and [S, T*H] float32)."""
     num_tokens, heads = out.shape[0], out.shape[1]
-    block_r, block_d = 16, 128
-    _combine_splits_kernel[(math.ceil(num_tokens * heads / block_r), D_LATENT // block_d)](
+    num_splits = part_out.shape[0]
+    splits_pow2 = triton.next_power_of_2(num_splits)
+    block_d = max(32, min(D_LATENT, 4096 // splits_pow2))  # the [splits, BLOCK_D] tile: <= 32 fp32 per thread
+    _combine_splits_kernel[(num_tokens * heads, D_LATENT // block_d)](
         part_out, part_lse, qo_indptr, qo_indptr.numel() - 1,
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
         num_tokens,
-        HEADS=heads, BLOCK_R=block_r, BLOCK_D=block_d, NUM_SPLITS=part_out.shape[0], num_warps=4,
+        HEADS=heads, BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLITS_POW2=splits_pow2, num_warps=4,
     )

@@ -15,7 +15,8 @@ from ddtree_op.synthetic import make_verify_batch  # noqa: E402
 from ddtree_op.triton_attention import tree_attention_triton  # noqa: E402
 
 # (prefix lengths, draft lengths, heads, splits, dv_parts)
-CASES = [([5, 0, 70], [3, 4, 0], 4, 1, 1), ([40, 3, 9], [3, 4, 5], 2, 3, 1), ([0, 1], [2, 1], 16, 2, 2), ([33], [9], 3, 1, 2)]
+CASES = [([5, 0, 70], [3, 4, 0], 4, 1, 1), ([40, 3, 9], [3, 4, 5], 2, 3, 1), ([0, 1], [2, 1], 16, 2, 2), ([33], [9], 3, 1, 2),
+         ([300, 17], [5, 2], 2, 40, 1)]  # 40 splits: the combine's split tile is padded to 64, several splits are empty
 
 failures = 0
 for prefix, drafts, heads, splits, dv_parts in CASES:
