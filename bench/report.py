@@ -1,8 +1,8 @@
 """Tables, plot and summary from a benchmark's results.json: `python -m bench.report DIR`.
 
 Rendering is separate from measuring so that a committed run can be re-rendered (or compared)
-without a GPU. Names starting with index/mask/step are the preparation ops and the whole verify
-step; the rest are attention backends.
+without a GPU. Names starting with index/mask/prepare/step are the preparation ops and the whole
+verify step; the rest are attention backends.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from bench.cases import geomean
 
-PREP_PREFIXES = ("index", "mask", "step")
+PREP_PREFIXES = ("index", "mask", "prepare", "step")
 
 
 def rates(row: dict, name: str) -> tuple[float, float]:
@@ -37,6 +37,32 @@ def summarize(rows: list[dict], backends: list[str]) -> dict:
             "geomean_sol_fraction_grid": geomean([r["sol_fraction"][b] for r in timed]),
         }
     return summary
+
+
+def target_lines(rows: list[dict], backend: str) -> list[str]:
+    """The performance targets that the headline table does not show, for one backend."""
+    lines = []
+    step = f"step[{backend}]"
+    stepped = [r for r in rows if step in r["time_us"] and backend in r["time_us"]]
+    if stepped:
+        extra = [r["time_us"][step] - r["time_us"][backend] for r in stepped]
+        within = sum(e <= max(3.0, 0.1 * r["time_us"][backend]) for e, r in zip(extra, stepped))
+        lines.append(f"- whole step (preparation + attention, one graph) within 10% or 3 us of attention alone: "
+                     f"{within} of {len(stepped)} shapes; extra time {min(extra):.1f} .. {max(extra):.1f} us")
+    by_name = {r["case"]: r for r in rows}
+    ratios = [r["time_us"][backend] / by_name[r["case"][: -len("_ragged")]]["time_us"][backend]
+              for r in rows if r["case"].endswith("_ragged") and backend in r["time_us"]
+              and backend in by_name.get(r["case"][: -len("_ragged")], {}).get("time_us", {})]
+    if ratios:
+        lines.append(f"- ragged / uniform time (same total work): {min(ratios):.2f} .. {max(ratios):.2f}; "
+                     f"{sum(0.85 <= x <= 1.15 for x in ratios)} of {len(ratios)} within 15%")
+    if backend != "triton":
+        versus = [r for r in rows if backend in r["time_us"] and "triton" in r["time_us"]]
+        slower = [r["case"] for r in versus if r["time_us"][backend] >= r["time_us"]["triton"]]
+        if versus:
+            lines.append(f"- faster than triton on {len(versus) - len(slower)} of {len(versus)} shapes"
+                         + (f" (not on: {', '.join(slower)})" if slower else ""))
+    return lines
 
 
 def time_table(rows: list[dict], names: list[str]) -> str:
@@ -108,6 +134,7 @@ def write_report(out_dir: Path, results: dict) -> None:
         md.append(f"| {b} | {s['geomean_sol_fraction_floor_ge_20us']:.3f} | {small} | "
                   f"{s['geomean_speedup_vs_baseline']:.1f}x | {s['geomean_sol_fraction_grid']:.3f} |")
     if ours:
+        md += [""] + target_lines(rows, ours[0])
         md += ["", f"## {ours[0]} per shape", "", rate_table(rows, ours[0])]
     md += ["", "All times and fractions of speed of light: table.txt; raw numbers: results.json; plot: sol_fraction.png."]
     (out_dir / "summary.md").write_text("\n".join(md) + "\n")

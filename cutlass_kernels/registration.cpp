@@ -9,4 +9,8 @@ TORCH_LIBRARY(ddtree_cuda, m) {
   m.def(
       "convert_tree_mask(Tensor tree_mask, Tensor? mask_indptr, Tensor qo_indptr, Tensor kv_indptr, str layout,"
       " int num_rows, int words_per_row) -> Tensor");
+  m.def(
+      "prepare_verify(Tensor qo_indptr, Tensor kv_indptr, Tensor kv_indices, Tensor out_cache_loc, Tensor tree_mask,"
+      " Tensor? mask_indptr, str layout, int num_rows, int words_per_row)"
+      " -> (Tensor verify_indptr, Tensor verify_indices, Tensor mask_words)");
 }

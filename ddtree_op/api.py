@@ -68,9 +68,10 @@ def mla_tree_verify(
         )
     rows = kv_rows(kv_cache)
     num_rows = q.shape[0]
-    verify_indptr, verify_indices = ops.build_verify_indices(qo_indptr, kv_indptr, kv_indices, out_cache_loc)
     words = mask_words_per_row(tree_mask, mask_layout, num_rows, max_draft_len)
-    mask_words = ops.convert_tree_mask(tree_mask, mask_indptr, qo_indptr, kv_indptr, mask_layout, num_rows, words)
+    verify_indptr, verify_indices, mask_words = ops.prepare_verify(
+        qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout, num_rows, words
+    )
     sm_scale = float(sm_scale)
     if out is None and lse is None:
         return ops.tree_attention(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend)

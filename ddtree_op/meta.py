@@ -18,6 +18,12 @@ def convert_tree_mask_fake(tree_mask, mask_indptr, qo_indptr, kv_indptr, layout,
     return qo_indptr.new_empty((num_rows, words_per_row), dtype=torch.int64)
 
 
+def prepare_verify_fake(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows, words_per_row):
+    verify_indptr, verify_indices = build_verify_indices_fake(qo_indptr, kv_indptr, kv_indices, out_cache_loc)
+    mask_words = convert_tree_mask_fake(tree_mask, mask_indptr, qo_indptr, kv_indptr, layout, num_rows, words_per_row)
+    return verify_indptr, verify_indices, mask_words
+
+
 def tree_attention_fake(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend="auto"):
     tokens, heads = q.shape[0], q.shape[1]
     out = q.new_empty((tokens, heads, LATENT_DIM))

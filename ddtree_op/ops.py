@@ -21,6 +21,11 @@ _lib.define(
     "convert_tree_mask(Tensor tree_mask, Tensor? mask_indptr, Tensor qo_indptr, Tensor kv_indptr,"
     " str layout, SymInt num_rows, SymInt words_per_row) -> Tensor"
 )
+_lib.define(
+    "prepare_verify(Tensor qo_indptr, Tensor kv_indptr, Tensor kv_indices, Tensor out_cache_loc, Tensor tree_mask,"
+    " Tensor? mask_indptr, str layout, SymInt num_rows, SymInt words_per_row)"
+    " -> (Tensor verify_indptr, Tensor verify_indices, Tensor mask_words)"
+)
 _ATTENTION_ARGS = (
     "Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor verify_indptr, Tensor verify_indices,"
     " Tensor mask_words, float sm_scale"
@@ -46,10 +51,21 @@ def _convert_tree_mask_cuda(tree_mask, mask_indptr, qo_indptr, kv_indptr, layout
     )
 
 
+def _prepare_verify_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows, words_per_row):
+    # Both preparation steps in one launch: the verify step pays one launch less.
+    build.load_cuda_library()
+    return torch.ops.ddtree_cuda.prepare_verify(
+        qo_indptr.contiguous(), kv_indptr.contiguous(), kv_indices.contiguous(), out_cache_loc.contiguous(),
+        tree_mask.contiguous(), None if mask_indptr is None else mask_indptr.contiguous(), layout, num_rows, words_per_row,
+    )
+
+
 _lib.impl("build_verify_indices", prep.build_verify_indices, "CPU")
 _lib.impl("build_verify_indices", _build_verify_indices_cuda, "CUDA")
 _lib.impl("convert_tree_mask", prep.convert_tree_mask, "CPU")
 _lib.impl("convert_tree_mask", _convert_tree_mask_cuda, "CUDA")
+_lib.impl("prepare_verify", prep.prepare_verify, "CPU")
+_lib.impl("prepare_verify", _prepare_verify_cuda, "CUDA")
 
 
 def _tree_attention_into(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend="auto"):
@@ -69,10 +85,12 @@ for _key in ("CPU", "CUDA"):
 
 torch.library.register_fake("ddtree::build_verify_indices", meta.build_verify_indices_fake, lib=_lib)
 torch.library.register_fake("ddtree::convert_tree_mask", meta.convert_tree_mask_fake, lib=_lib)
+torch.library.register_fake("ddtree::prepare_verify", meta.prepare_verify_fake, lib=_lib)
 torch.library.register_fake("ddtree::tree_attention", meta.tree_attention_fake, lib=_lib)
 torch.library.register_fake("ddtree::tree_attention_into", meta.tree_attention_into_fake, lib=_lib)
 
 build_verify_indices = torch.ops.ddtree.build_verify_indices.default
 convert_tree_mask = torch.ops.ddtree.convert_tree_mask.default
+prepare_verify = torch.ops.ddtree.prepare_verify.default
 tree_attention = torch.ops.ddtree.tree_attention.default
 tree_attention_into = torch.ops.ddtree.tree_attention_into.default

@@ -121,3 +121,21 @@ def convert_tree_mask(
     shifts = torch.arange(64, device=device)
     words = (bits.view(num_rows, words_per_row, 64).long() << shifts).sum(-1)
     return words
+
+
+def prepare_verify(
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    tree_mask: torch.Tensor,
+    mask_indptr: torch.Tensor | None,
+    layout: str,
+    num_rows: int,
+    words_per_row: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Both preparation steps of the verify step: (verify_indptr, verify_indices, mask_words).
+    The CUDA implementation runs them in one launch."""
+    verify_indptr, verify_indices = build_verify_indices(qo_indptr, kv_indptr, kv_indices, out_cache_loc)
+    mask_words = convert_tree_mask(tree_mask, mask_indptr, qo_indptr, kv_indptr, layout, num_rows, words_per_row)
+    return verify_indptr, verify_indices, mask_words

@@ -9,6 +9,7 @@ from ddtree_op import mla_tree_verify, ops
 from ddtree_op.synthetic import encode_tree_mask, make_verify_batch
 from test_prep import INDEX_CASES
 from test_prep import test_build_verify_indices_matches_loop as check_index_builder
+from test_prep import test_prepare_verify_returns_both_steps as check_prepare_verify
 
 pytestmark = needs_cuda
 
@@ -57,6 +58,25 @@ def test_convert_tree_mask_cuda_matches_cpu(layout, packed_dtype, use_mask_indpt
         want = ops.convert_tree_mask(mask, mask_indptr, qo, kv, layout, rows, words)
         got = ops.convert_tree_mask(mask.cuda(), None if mask_indptr is None else mask_indptr.cuda(), qo.cuda(), kv.cuda(), layout, rows, words)
         assert torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("layout", ["full", "qlen", "packed"])
+def test_prepare_verify_cuda_matches_cpu(layout):
+    """The fused preparation launch (index blocks, then mask blocks) against the CPU steps."""
+    check_prepare_verify(layout, device="cuda")
+    for prefix, drafts in INDEX_CASES:  # ragged, empty requests, no prefix
+        if layout == "packed" and max(drafts, default=0) > 64:
+            continue
+        vb = make_verify_batch(list(prefix), list(drafts), 1, layout=layout, pad_rows=3, device="cuda", seed=len(prefix))
+        rows = vb.q.shape[0]
+        for words in (1, 2):
+            got = ops.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
+                                     vb.mask_indptr, layout, rows, words)
+            cpu = [t.cpu() for t in (vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask)]
+            mask_indptr = None if vb.mask_indptr is None else vb.mask_indptr.cpu()
+            want = ops.prepare_verify(*cpu, mask_indptr, layout, rows, words)
+            for g, w in zip(got, want):
+                assert torch.equal(g.cpu(), w)
 
 
 @pytest.mark.parametrize("backend", cuda_backends())
@@ -118,7 +138,9 @@ def test_prep_ops_replay_in_cuda_graph():
     def prep():
         vind, vidx = ops.build_verify_indices(buf.qo_indptr, buf.kv_indptr, buf.kv_indices, buf.out_cache_loc)
         words = ops.convert_tree_mask(buf.tree_mask, buf.mask_indptr, buf.qo_indptr, buf.kv_indptr, "full", 30, 1)
-        return vind, vidx, words
+        fused = ops.prepare_verify(buf.qo_indptr, buf.kv_indptr, buf.kv_indices, buf.out_cache_loc, buf.tree_mask,
+                                   buf.mask_indptr, "full", 30, 1)
+        return (vind, vidx, words) + tuple(fused)
 
     graph, captured = capture(prep)
     for seed, (prefix, drafts) in enumerate([([3, 30, 12], [8, 2, 5]), ([0, 0, 44], [1, 1, 13]), ([51, 1, 1], [6, 6, 3])]):
@@ -133,6 +155,9 @@ def test_prep_ops_replay_in_cuda_graph():
         assert torch.equal(captured[0].cpu(), want_indptr)
         assert torch.equal(captured[1][:total].cpu(), want_indices[:total])
         assert torch.equal(captured[2].cpu(), want_words)
+        assert torch.equal(captured[3].cpu(), want_indptr)
+        assert torch.equal(captured[4][:total].cpu(), want_indices[:total])
+        assert torch.equal(captured[5].cpu(), want_words)
 
 
 @pytest.mark.parametrize("backend", cuda_backends())

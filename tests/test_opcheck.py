@@ -26,6 +26,8 @@ def test_opcheck_all_ops(device):
     for vb, num_rows, words, verify_indptr, verify_indices, mask_words in _samples(device):
         torch.library.opcheck(ops.build_verify_indices, (vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc))
         torch.library.opcheck(ops.convert_tree_mask, (vb.tree_mask, vb.mask_indptr, vb.qo_indptr, vb.kv_indptr, vb.mask_layout, num_rows, words))
+        torch.library.opcheck(ops.prepare_verify, (vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
+                                                   vb.mask_indptr, vb.mask_layout, num_rows, words))
         attn_args = (vb.q, vb.kv_cache, vb.qo_indptr, verify_indptr, verify_indices, mask_words, vb.sm_scale)
         torch.library.opcheck(ops.tree_attention, attn_args)
         # Out-buffers hold random data, so an undeclared or missing write would show.

@@ -97,3 +97,19 @@ def test_full_layout_row_stride_is_prefix_plus_drafts():
     vb = make_verify_batch([37], [6], 1, layout="full", chain=True)
     words = ops.convert_tree_mask(vb.tree_mask, vb.mask_indptr, vb.qo_indptr, vb.kv_indptr, "full", 6, 1)
     assert words[:, 0].tolist() == [(1 << (i + 1)) - 1 for i in range(6)]
+
+
+@pytest.mark.parametrize("layout", ["full", "qlen", "packed"])
+def test_prepare_verify_returns_both_steps(layout, device="cpu"):
+    vb = make_verify_batch([7, 0, 19], [3, 5, 2], 2, layout=layout, pad_rows=2, device=device, seed=3)
+    rows, words = vb.q.shape[0], 1
+    got = ops.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr,
+                             layout, rows, words)
+    cpu = [t.cpu() for t in (vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc)]
+    want_indptr, want_indices = ops.build_verify_indices(*cpu)
+    want_words = ops.convert_tree_mask(vb.tree_mask.cpu(), None if vb.mask_indptr is None else vb.mask_indptr.cpu(),
+                                       cpu[0], cpu[1], layout, rows, words)
+    assert [t.device.type for t in got] == [torch.device(device).type] * 3
+    assert torch.equal(got[0].cpu(), want_indptr)
+    assert torch.equal(got[1].cpu(), want_indices)
+    assert torch.equal(got[2].cpu(), want_words)
