@@ -4,6 +4,8 @@
 # Stages: iterate2  - (kind nvidia-h200-x2) a kernel change: every GPU test on GPU 1 while GPU 0 times the
 #                     grid, the tiny shape's kernels and one ncu profile; then the two-GPU test
 #         finish2   - (kind nvidia-h200-x2) the whole benchmark on GPU 0 while GPU 1 runs the sanitizers
+#         change2   - (kind nvidia-h200-x2) after a change: GPU 1 runs every GPU test, memcheck and the
+#                     phase clocks of a debug build; GPU 0 the whole benchmark and the tiny shape's kernels
 #         close     - every GPU test, racecheck (sm90, 150 s), memcheck (Triton)
 #         final     - (kind nvidia-h200-x2) second GPU, racecheck, tiny-shape kernel times, benchmark
 #         validate  - every GPU test, install + JIT check, sanitizers, per-kernel times (tiny shape)
@@ -15,13 +17,37 @@
 #         bench     - the benchmark (grid, ragged, serving) with every available backend
 # Writes logs under $OUT (at most 8 files come back).
 set -uo pipefail
-stage=${1:?stage: iterate2 | finish2 | close | final | validate | iterate | first | sm90 | tests | sanitize | bench}
+stage=${1:?stage: change2 | iterate2 | finish2 | close | final | validate | iterate | first | sm90 | tests | sanitize | bench}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1
 commit=${DDTREE_COMMIT:-unknown}
-if [ "$stage" = finish2 ]; then nvidia-smi -L; else nvidia-smi -L > "$OUT/env.log" 2>&1; fi  # finish2 needs all 8 files
+if [ "$stage" = finish2 ] || [ "$stage" = change2 ]; then nvidia-smi -L; else nvidia-smi -L > "$OUT/env.log" 2>&1; fi  # finish2 needs all 8 files
 
 case "$stage" in
+  change2)
+    python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' 2>&1 | grep -v DEBUG | tail -3
+    ( DDTREE_NVCC_EXTRA=-DDDTREE_PHASE_CLOCKS python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' \
+        > /tmp/debug_build.log 2>&1 ) &
+    ( export CUDA_VISIBLE_DEVICES=1
+      timeout 300 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests -k "not cpu and not multi_gpu" 2>&1 | grep -v DEBUG \
+        > "$OUT/gpu_tests.log"
+      for backend in cutlass triton; do
+        timeout 80 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+          tests/test_gpu.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and $backend" 2>&1 | grep -v DEBUG \
+          >> "$OUT/sanitizer_memcheck.log"
+      done
+      wait
+      for shape in H16_n4_B1_P1024 H16_n4_B1_P8192 H128_n64_B8_P8192; do
+        echo "== $shape (3 calls; cycles per phase: scan, prologue issue, first tiles' wait, QK, P exchange, PV, rest of loop, sums, epilogue)"
+        DDTREE_NVCC_EXTRA=-DDDTREE_PHASE_CLOCKS timeout 60 python3 -m bench.profile_case $shape --iters 3 2>&1 | grep -v Warn
+      done > "$OUT/phase_clocks.log" 2>&1
+    ) &
+    export CUDA_VISIBLE_DEVICES=0
+    DDTREE_COMMIT=$commit timeout 300 python3 -m bench.verify --cases all --backends cutlass,triton,sglang_baseline \
+      --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -16
+    timeout 30 python3 -m bench.profile_case H16_n4_B1_P1024 --kernels 2>&1 | grep -v Warn | tee "$OUT/kernels.log"
+    wait; unset CUDA_VISIBLE_DEVICES
+    tail -4 "$OUT/gpu_tests.log"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer_memcheck.log"; head -30 "$OUT/phase_clocks.log" ;;
   iterate2)
     python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' 2>&1 | grep -v DEBUG | tail -3
     ( CUDA_VISIBLE_DEVICES=1 timeout 330 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests -k "not cpu and not multi_gpu" \

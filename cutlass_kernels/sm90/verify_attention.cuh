@@ -99,6 +99,19 @@ __device__ __forceinline__ void wait_warpgroup_gemm(TC& acc) {
   warpgroup_fence_operand(acc);
 }
 
+// Debug builds only (DDTREE_NVCC_EXTRA=-DDDTREE_PHASE_CLOCKS python -m bench.profile_case CASE): thread
+// 0 of every 8th split of row block 0 prints the SM cycles each phase of its CTA took.
+#ifdef DDTREE_PHASE_CLOCKS
+#define DDTREE_PHASE(i) \
+  do {                    \
+    if (tid == 0) phase_cycles[i] = clock64(); \
+  } while (0)
+#else
+#define DDTREE_PHASE(i) \
+  do {                  \
+  } while (0)
+#endif
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(const __grid_constant__ VerifyParams p) {
   using Element = typename Traits::Element;
@@ -122,6 +135,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   const int wg_thread = tid % 128;
   const int block = blockIdx.x;
   const int split = blockIdx.y;
+#ifdef DDTREE_PHASE_CLOCKS
+  long long phase_cycles[10] = {};
+  unsigned long long start_ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start_ns));
+#endif
+  DDTREE_PHASE(0);
 
   // Which request owns this block (the batch is small: a linear scan, all from L1/L2).
   int request = -1, first_block = 0, blocks_before = 0;
@@ -135,6 +154,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     blocks_before += blocks;
   }
 
+  DDTREE_PHASE(1);
   if (request < 0) {  // padding rows: out 0, lse -inf (split 0 only)
     if (split != 0) return;
     const int64_t row_begin = p.qo_indptr[p.batch] * p.heads + int64_t(block - blocks_before) * kRows;
@@ -215,6 +235,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     next_slot[0] = slot_of_tile(2);
     next_slot[1] = slot_of_tile(3);
   }
+  DDTREE_PHASE(2);
 
   typename Traits::TiledMmaQK mma_qk;
   typename Traits::TiledMmaPV mma_pv;
@@ -248,10 +269,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     const int my_tile = 2 * pair + warpgroup;
     Element* my_stage = smem_k + warpgroup * kStageElems;
     Barrier::wait(&full_barrier[warpgroup], phase);
+    if (pair == 0) DDTREE_PHASE(3);
     cutlass::arch::fence_view_async_shared();  // cp.async writes -> wgmma (async proxy) reads
     Tensor sK = make_tensor(make_smem_ptr(my_stage), typename Traits::SmemLayoutK{});
     issue_warpgroup_gemm<true>(mma_qk, frag_q, thr_qk.partition_fragment_B(sK), acc_s);
     wait_warpgroup_gemm(acc_s);
+    if (pair == 0) DDTREE_PHASE(4);
 
     // Visibility of this tile's 64 columns for the thread's two rows (bit c: column kv0 + c);
     // only tiles that reach the drafts read mask words, two at most per row.
@@ -320,6 +343,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     }
     cutlass::arch::fence_view_async_shared();  // P stores (generic proxy) -> the other's wgmma
     NamedBarrier::arrive_and_wait(kThreads, kExchangeBarrier);  // both P tiles in shared memory
+    if (pair == 0) DDTREE_PHASE(5);
 
     // Rescale O only when some row's maximum moved (rare once the prefix has been seen).
     if (__any_sync(0xffffffff, alpha[0] != 1.f || alpha[1] != 1.f)) {
@@ -357,6 +381,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       next_slot[0] = slot_of_tile(2 * pair + 4);
     }
     wait_warpgroup_gemm(acc_o);
+    if (pair == 0) DDTREE_PHASE(6);
     // Keep P's registers live and unchanged until here: warpgroup 1's RS GEMM (stage 1) was in
     // flight during the refill above, whose temporaries must not reuse them.
     warpgroup_fence_operand(frag_p);
@@ -369,6 +394,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     }
   }
 
+  DDTREE_PHASE(7);
   // Each warpgroup summed its own tiles' P (both with the same maxima): add the two per row.
   CUTE_UNROLL
   for (int j = 0; j < 2; ++j) row_sum[j] = quad_sum(row_sum[j]);
@@ -377,6 +403,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     row_exchange[warpgroup * kRows + my_row + 8] = row_sum[1];
   }
   NamedBarrier::arrive_and_wait(kThreads, kExchangeBarrier);
+  DDTREE_PHASE(8);
   CUTE_UNROLL
   for (int j = 0; j < 2; ++j) row_sum[j] += row_exchange[(1 - warpgroup) * kRows + my_row + 8 * j];
 
@@ -431,6 +458,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       }
     }
   }
+  DDTREE_PHASE(9);
+#ifdef DDTREE_PHASE_CLOCKS
+  if (tid == 0 && blockIdx.x == 0 && split % 8 == 0) {
+    unsigned long long end_ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(end_ns));
+    long long d[9];
+    for (int i = 0; i < 9; ++i) d[i] = phase_cycles[i + 1] - phase_cycles[i];
+    printf("phase_clocks split %d tiles %d start_ns %llu span_ns %llu cycles %lld %lld %lld %lld %lld %lld %lld %lld %lld\n",
+           split, num_tiles, start_ns, end_ns - start_ns, d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7], d[8]);
+  }
+#endif
 }
 
 }  // namespace ddtree::sm90
