@@ -42,13 +42,13 @@ def auto_cuda_backend(device: torch.device) -> str:
 
 
 def sm90_accepts(q: torch.Tensor, kv_rows: torch.Tensor, out: torch.Tensor) -> bool:
-    """The sm_90a kernel copies q and KV rows in 16-byte chunks (every row 16-byte aligned: base
-    pointer, and token/head/slot strides in multiples of 8 elements) and stores output columns
-    in pairs (even strides). The Triton kernel takes any strides, so "auto" sends others there."""
+    """The sm_90a kernel copies q and KV rows and stores output rows in 16-byte pieces, so every
+    row must be 16-byte aligned (base pointer, and token/head/slot strides in multiples of 8
+    elements). The Triton kernel takes any strides, so "auto" sends others there."""
     def rows_aligned(t, elements, alignment):
         return t.data_ptr() % alignment == 0 and all(stride % elements == 0 for stride in t.stride()[:-1])
 
-    return rows_aligned(q, 8, 16) and rows_aligned(kv_rows, 8, 16) and rows_aligned(out, 2, 4)
+    return rows_aligned(q, 8, 16) and rows_aligned(kv_rows, 8, 16) and rows_aligned(out, 8, 16)
 
 
 def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend):

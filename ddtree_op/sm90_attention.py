@@ -9,12 +9,14 @@ from __future__ import annotations
 import torch
 
 from . import build
-from .schedule import num_kv_splits, sm_count
+from .schedule import num_kv_splits_whole_tiles, sm_count
 
 ROWS_PER_CTA = 64
 CTAS_PER_SM = 1  # 216 KB of shared memory per CTA
-# Short splits pay off here: a tile costs about a memory latency, and partials of 64 rows are small.
-MIN_KEYS_PER_SPLIT = 128
+# The kernel's splits hold whole pairs of 64-key tiles. Short splits pay off: one CTA's fixed cost
+# (index loads, first copies, epilogue) is a few microseconds, and partials of 64 rows are small.
+KEYS_PER_SPLIT = 128
+MAX_SPLITS = 128
 
 
 def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, num_splits=None):
@@ -24,8 +26,8 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
         return
     batch = qo_indptr.numel() - 1
     if num_splits is None:
-        num_splits = num_kv_splits(num_tokens, heads, batch, verify_indices.numel(), sm_count(q.device), ROWS_PER_CTA,
-                                   CTAS_PER_SM, MIN_KEYS_PER_SPLIT)
+        num_splits = num_kv_splits_whole_tiles(num_tokens, heads, batch, verify_indices.numel(), sm_count(q.device),
+                                               ROWS_PER_CTA, CTAS_PER_SM, KEYS_PER_SPLIT, MAX_SPLITS)
     if num_splits > 1:
         part_out = torch.empty((num_splits, num_tokens * heads, 512), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits, num_tokens * heads), dtype=torch.float32, device=q.device)

@@ -16,13 +16,14 @@ def test_sm90_accepts_aligned_rows_only():
     assert sm90_accepts(q, kv, out)
     assert sm90_accepts(_bf16(4, 3, 608)[:, 1:, 16:592], kv, out)  # strided view, rows still aligned
     assert sm90_accepts(q, _bf16(10, 1, 640)[:, 0, :576], out)  # SGLang-style row stride > 576
-    assert sm90_accepts(q, kv, _bf16(4, 2, 514)[..., 2:])  # out rows 4-byte aligned
+    assert sm90_accepts(q, kv, _bf16(4, 2, 520)[..., 8:])  # out rows 16-byte aligned
 
     shifted = _bf16(4 * 2 * 576 + 1)[1:].view(4, 2, 576)  # base pointer 2 bytes off
     assert not sm90_accepts(shifted, kv, out)
     assert not sm90_accepts(_bf16(4, 2, 577)[..., :576], kv, out)  # head stride 577 elements
     assert not sm90_accepts(q, _bf16(10, 580)[:, :576], out)  # row stride 580 elements
     assert not sm90_accepts(q, kv, _bf16(4, 2, 513)[..., :512])  # out head stride odd
+    assert not sm90_accepts(q, kv, _bf16(4, 2, 514)[..., 2:])  # out rows only 4-byte aligned
 
 
 def test_auto_uses_triton_where_the_cutlass_headers_are_missing(monkeypatch):

@@ -295,3 +295,20 @@ def test_auto_sends_misaligned_rows_to_triton():
     if torch.cuda.get_device_capability() == (9, 0):
         with pytest.raises(RuntimeError, match="argument 'q'"):
             run_and_reference(vb, "cutlass")
+
+
+def test_auto_sends_misaligned_out_rows_to_triton():
+    """An out view whose rows are 4- but not 16-byte aligned (the sm_90a epilogue stores 16-byte
+    pieces): 'auto' writes it correctly; 'cutlass', asked for explicitly, refuses naming 'out'."""
+    vb = make_gpu_case(ATTENTION_CASES[4], "full", torch.bfloat16, seed=5)
+    rows, heads = vb.q.shape[0], vb.q.shape[1]
+    wide = torch.full((rows, heads, 520), float("nan"), device="cuda", dtype=vb.q.dtype)
+    out = wide[..., 2:514]
+    lse = torch.full((rows, heads), float("nan"), device="cuda")
+    mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=out, lse=lse, backend="auto")
+    ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
+    assert_matches_reference(out, lse, ref_out, ref_lse)
+    assert torch.isnan(wide[..., :2]).all() and torch.isnan(wide[..., 514:]).all()  # nothing outside the view
+    if torch.cuda.get_device_capability() == (9, 0):
+        with pytest.raises(RuntimeError, match="argument 'out'"):
+            mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=out, lse=lse, backend="cutlass")

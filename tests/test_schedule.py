@@ -2,7 +2,7 @@
 
 import pytest
 
-from ddtree_op.schedule import MAX_SPLITS, num_kv_splits
+from ddtree_op.schedule import MAX_SPLITS, num_kv_splits, num_kv_splits_whole_tiles
 
 SMS = 132
 
@@ -26,3 +26,24 @@ def test_one_request_with_a_long_prefix_is_split_across_the_gpu():
 
 def test_enough_row_blocks_means_no_split():
     assert num_kv_splits(64 * 8, 128, 8, 8 * 8256, SMS, 64, 1, 128) == 1  # 1024 row blocks
+
+
+@pytest.mark.parametrize("tokens,heads,batch,keys", [(4, 16, 1, 1028), (4, 16, 1, 8196), (4, 16, 8, 8 * 1028),
+                                                     (64, 128, 1, 8256), (512, 128, 8, 66048), (1, 1, 1, 1)])
+def test_whole_tile_splits_give_each_split_at_most_one_unit(tokens, heads, batch, keys):
+    """sm_90a schedule: each split of the mean request gets at most 128 keys (one pair of tiles)
+    unless the GPU's resident CTAs or the cap run out first; never more CTAs than resident."""
+    splits = num_kv_splits_whole_tiles(tokens, heads, batch, keys, SMS, 64, 1, 128, 128)
+    row_blocks = -(-tokens * heads // 64)
+    assert 1 <= splits <= 128
+    assert splits == 1 or row_blocks * splits <= SMS
+    fits = max(1, min(SMS // row_blocks, 128))
+    assert splits == fits or -(-keys / batch // 128) == splits  # limited by resident CTAs, or one unit per split
+
+
+def test_whole_tile_splits_round_up():
+    # P + n keys with n small: 1028 keys are 9 units of 128 (the 9th holds 4 keys), not 8.
+    assert num_kv_splits_whole_tiles(4, 16, 1, 1028, SMS, 64, 1, 128, 128) == 9
+    assert num_kv_splits_whole_tiles(4, 16, 1, 8196, SMS, 64, 1, 128, 128) == 65
+    assert num_kv_splits_whole_tiles(4, 16, 1, 65540, SMS, 64, 1, 128, 128) == 128  # the cap
+    assert num_kv_splits_whole_tiles(4, 16, 8, 8 * 1028, SMS, 64, 1, 128, 128) == 9  # 8 row blocks: 16 fit

@@ -38,11 +38,9 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
               "ddtree_op: argument 'q' must have 16-byte aligned rows for backend 'cutlass' (use backend 'triton')");
   TORCH_CHECK(aligned16(kv_cache) && kv_cache.stride(0) % 8 == 0,
               "ddtree_op: argument 'kv_cache' must have 16-byte aligned rows for backend 'cutlass' (use backend 'triton')");
-  // The epilogue stores pairs of adjacent output columns as one 4-byte word.
-  TORCH_CHECK(out.dim() == 3 && out.stride(2) == 1 && out.stride(0) % 2 == 0 && out.stride(1) % 2 == 0 &&
-                  reinterpret_cast<uintptr_t>(out.data_ptr()) % 4 == 0,
-              "ddtree_op: argument 'out' must have 4-byte aligned column pairs (even strides) for backend 'cutlass' "
-              "(use backend 'triton')");
+  // The epilogue stores 16-byte pieces of output rows.
+  TORCH_CHECK(out.dim() == 3 && out.stride(2) == 1 && aligned16(out) && out.stride(0) % 8 == 0 && out.stride(1) % 8 == 0,
+              "ddtree_op: argument 'out' must have 16-byte aligned rows for backend 'cutlass' (use backend 'triton')");
   TORCH_CHECK(verify_indptr.scalar_type() == at::kInt && verify_indices.scalar_type() == at::kInt &&
                   verify_indptr.is_contiguous() && verify_indices.is_contiguous(),
               "ddtree_op: verify_indptr/verify_indices must be contiguous int32");

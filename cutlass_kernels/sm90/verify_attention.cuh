@@ -99,6 +99,43 @@ __device__ __forceinline__ void wait_warpgroup_gemm(TC& acc) {
   warpgroup_fence_operand(acc);
 }
 
+// Epilogue store of the normalised [kRows, kCols] output tile (O times 1 / row sum), through
+// shared memory so that each thread stores 16 bytes and a warp 512 contiguous bytes. Stored
+// straight from the accumulator layout (a warp store = 8 rows x 16..32 bytes) it took 6-14 K
+// cycles per CTA (phase clocks, bench/results/2026-11-30_H200x2_9583d81). The caller guarantees
+// that shared memory is free: no copy in flight, every wgmma read done, all threads past a barrier.
+// Value 4 b + 2 j (+1) of the accumulator is row my_row + 8 j, columns col_base + 8 b + 2 (lane % 4) (+1)
+// (tests/layout_check.cu). row_start(r) is the global address of row r < valid_rows.
+template <class OutT, int kRows, int kCols, int kThreads, class AccO, class CoordO, class RowStart>
+__device__ __forceinline__ void store_tile_through_smem(uint8_t* smem, AccO const& acc_o, CoordO const& coord_o,
+                                                        int my_row, int col_base, const float (&inv_sum)[2],
+                                                        int valid_rows, int tid, RowStart row_start) {
+  constexpr int kStride = kCols + 16 / int(sizeof(OutT));  // one 16-byte pad: a warp's 8 rows on different banks
+  OutT* staging = reinterpret_cast<OutT*>(smem);
+  CUTE_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    OutT* row = staging + (my_row + 8 * j) * kStride + col_base;
+    CUTE_UNROLL
+    for (int b = 0; b < size(acc_o) / 4; ++b) {
+      const int i = 4 * b + 2 * j;
+      const float first = acc_o(i) * inv_sum[j], second = acc_o(i + 1) * inv_sum[j];
+      if constexpr (std::is_same_v<OutT, float>) {
+        *reinterpret_cast<float2*>(row + get<1>(coord_o(i))) = make_float2(first, second);
+      } else {
+        *reinterpret_cast<uint32_t*>(row + get<1>(coord_o(i))) = pack_pair<OutT>(first, second);
+      }
+    }
+  }
+  cutlass::arch::NamedBarrier::arrive_and_wait(kThreads, 0);
+  constexpr int kVector = 16 / int(sizeof(OutT));
+  constexpr int kVectorsPerRow = kCols / kVector;
+#pragma unroll 4
+  for (int v = tid; v < kRows * kVectorsPerRow; v += kThreads) {
+    const int r = v / kVectorsPerRow, col = (v % kVectorsPerRow) * kVector;
+    if (r < valid_rows) *reinterpret_cast<uint4*>(row_start(r) + col) = *reinterpret_cast<const uint4*>(staging + r * kStride + col);
+  }
+}
+
 // Debug builds only (DDTREE_NVCC_EXTRA=-DDDTREE_PHASE_CLOCKS python -m bench.profile_case CASE): thread
 // 0 of every 8th split of row block 0 prints the SM cycles each phase of its CTA took.
 #ifdef DDTREE_PHASE_CLOCKS
@@ -415,48 +452,31 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     lse_row[j] = total > 0.f ? (row_max[j] + log2f(total)) * 0.6931471805599453f : -INFINITY;
   }
 
-  // Epilogue. The thread owns rows my_row and my_row + 8 of the tile and, in each, pairs of
-  // adjacent columns (checked in tests/layout_check.cu): each row's address is computed once and
-  // each pair leaves in one store. (Per-element index arithmetic here made v2's epilogue 10 K
-  // SASS instructions, run once per CTA from a cold instruction cache.)
+  // Epilogue: lse from warpgroup 0's quad leaders, the tile through shared memory.
   const int64_t stride_split = int64_t(p.num_tokens) * p.heads;
-  int64_t row_offset[2];  // out: element offset of (t, h, 0); partials: of (split, t * H + h, 0)
-  bool row_valid[2];
-  CUTE_UNROLL
-  for (int j = 0; j < 2; ++j) {
-    const int row = row0 + my_row + 8 * j;
-    row_valid[j] = row < num_rows;
-    const int64_t t = q_lo + (row_valid[j] ? row / p.heads : 0), h = row_valid[j] ? row % p.heads : 0;
-    if (p.num_splits == 1) {
-      row_offset[j] = t * p.out_stride_token + h * p.out_stride_head;
-      if (row_valid[j] && warpgroup == 0 && wg_thread % 4 == 0) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = lse_row[j];
-    } else {
-      const int64_t flat = split * stride_split + t * p.heads + h;
-      row_offset[j] = flat * kLatent;
-      if (row_valid[j] && warpgroup == 0 && wg_thread % 4 == 0) p.part_lse[flat] = lse_row[j];
+  const int valid_rows = min(kRows, num_rows - row0);  // only a request's last row block is short
+  if (warpgroup == 0 && wg_thread % 4 == 0) {
+    CUTE_UNROLL
+    for (int j = 0; j < 2; ++j) {
+      const int row = row0 + my_row + 8 * j;
+      if (row >= num_rows) continue;
+      const int64_t t = q_lo + row / p.heads, h = row % p.heads;
+      if (p.num_splits == 1) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = lse_row[j];
+      else p.part_lse[split * stride_split + t * p.heads + h] = lse_row[j];
     }
   }
-  // Value 4 b + 2 j (+1) of the accumulator is row my_row + 8 j, columns 8 b + 2 (lane % 4) (+1).
-  const int col_base = warpgroup * kHalf;
-  constexpr int kColumnBlocks = kHalf / 8;
-  CUTE_UNROLL
-  for (int j = 0; j < 2; ++j) {
-    if (!row_valid[j]) continue;  // only the last row block of a request has rows past its end
-    if (p.num_splits > 1) {
-      float* dst = p.part_out + row_offset[j] + col_base;
-      CUTE_UNROLL
-      for (int b = 0; b < kColumnBlocks; ++b) {
-        const int i = 4 * b + 2 * j;
-        *reinterpret_cast<float2*>(dst + get<1>(coord_o(i))) = make_float2(acc_o(i) * inv_sum[j], acc_o(i + 1) * inv_sum[j]);
-      }
-    } else {
-      Element* dst = static_cast<Element*>(p.out) + row_offset[j] + col_base;
-      CUTE_UNROLL
-      for (int b = 0; b < kColumnBlocks; ++b) {
-        const int i = 4 * b + 2 * j;
-        *reinterpret_cast<uint32_t*>(dst + get<1>(coord_o(i))) = pack_pair<Element>(acc_o(i) * inv_sum[j], acc_o(i + 1) * inv_sum[j]);
-      }
-    }
+  if (p.num_splits > 1) {  // fp32 partials: rows of one row block are consecutive
+    float* first_row = p.part_out + (split * stride_split + q_lo * p.heads + row0) * kLatent;
+    store_tile_through_smem<float, kRows, kLatent, kThreads>(
+        smem, acc_o, coord_o, my_row, warpgroup * kHalf, inv_sum, valid_rows, tid,
+        [&](int r) { return first_row + int64_t(r) * kLatent; });
+  } else {
+    Element* out = static_cast<Element*>(p.out);
+    store_tile_through_smem<Element, kRows, kLatent, kThreads>(
+        smem, acc_o, coord_o, my_row, warpgroup * kHalf, inv_sum, valid_rows, tid, [&](int r) {
+          const int row = row0 + r;
+          return out + (q_lo + row / p.heads) * p.out_stride_token + (row % p.heads) * p.out_stride_head;
+        });
   }
   DDTREE_PHASE(9);
 #ifdef DDTREE_PHASE_CLOCKS
