@@ -6,7 +6,7 @@
 #         finish2   - (kind nvidia-h200-x2) the whole benchmark on GPU 0 while GPU 1 runs the sanitizers
 #         change2   - (kind nvidia-h200-x2) after a change: GPU 1 runs every GPU test, memcheck (sm90, or
 #                     $SANITIZE_BACKEND), racecheck and the phase clocks of a debug build; GPU 0 the whole
-#                     benchmark and the tiny shape's kernels
+#                     benchmark and the tiny shape's kernels; then the two-GPU test
 #         close     - every GPU test, racecheck (sm90, 150 s), memcheck (Triton)
 #         final     - (kind nvidia-h200-x2) second GPU, racecheck, tiny-shape kernel times, benchmark
 #         validate  - every GPU test, install + JIT check, sanitizers, per-kernel times (tiny shape)
@@ -30,7 +30,7 @@ case "$stage" in
     ( DDTREE_NVCC_EXTRA=-DDDTREE_PHASE_CLOCKS python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' \
         > /tmp/debug_build.log 2>&1 ) &
     ( export CUDA_VISIBLE_DEVICES=1
-      timeout 340 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests -k "not cpu and not multi_gpu" 2>&1 | grep -v DEBUG \
+      timeout 330 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests -k "not cpu and not multi_gpu" 2>&1 | grep -v DEBUG \
         > "$OUT/gpu_tests.log"
       timeout 80 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
         tests/test_gpu.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and ${SANITIZE_BACKEND:-cutlass}" 2>&1 \
@@ -49,6 +49,7 @@ case "$stage" in
       --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -16
     timeout 30 python3 -m bench.profile_case H16_n4_B1_P1024 --kernels 2>&1 | grep -v Warn | tee "$OUT/kernels.log"
     wait; unset CUDA_VISIBLE_DEVICES
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_multi_gpu.py 2>&1 | grep -v DEBUG | tail -2 | tee -a "$OUT/gpu_tests.log"
     tail -4 "$OUT/gpu_tests.log"; grep -E "SUMMARY|passed|failed" "$OUT/sanitizers.log"; head -30 "$OUT/phase_clocks.log" ;;
   iterate2)
     python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' 2>&1 | grep -v DEBUG | tail -3
