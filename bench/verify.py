@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from bench.cases import Case, all_cases, grid_cases, ragged_cases, serving_cases
-from bench.report import write_report
+from bench.report import PREP_OP_PREFIXES, PREP_PREFIXES, write_report
 from ddtree_op import mla_tree_verify, ops
 from ddtree_op.checks import kv_rows
 from ddtree_op.synthetic import make_verify_batch
@@ -193,10 +193,10 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
         timings["prepare_fused"] = time_graph([i.prepare() for i in inputs])
     for name, seconds in timings.items():
         row["time_us"][name] = seconds * 1e6
-    row["sol_fraction"] = {k: floor / v for k, v in timings.items() if not k.startswith(("index", "mask", "prepare"))}
+    row["sol_fraction"] = {k: floor / v for k, v in timings.items() if not k.startswith(PREP_OP_PREFIXES)}
     if "sglang_baseline" in timings:
         row["speedup_vs_baseline"] = {k: timings["sglang_baseline"] / v for k, v in timings.items()
-                                      if k != "sglang_baseline" and not k.startswith(("index", "mask", "prepare", "step"))}
+                                      if k != "sglang_baseline" and not k.startswith(PREP_PREFIXES)}
     del inputs
     torch.cuda.empty_cache()
     return row
