@@ -24,11 +24,14 @@ export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1
 commit=${DDTREE_COMMIT:-unknown}
 if [ "$stage" = finish2 ] || [ "$stage" = change2 ]; then nvidia-smi -L; else nvidia-smi -L > "$OUT/env.log" 2>&1; fi  # finish2 needs all 8 files
 
+build_libraries() {  # JIT-build both CUDA libraries once, before processes on two GPUs want them
+  python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' 2>&1 | grep -v DEBUG | tail -3
+}
+
 case "$stage" in
   change2)
-    python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' 2>&1 | grep -v DEBUG | tail -3
-    ( DDTREE_NVCC_EXTRA=-DDDTREE_PHASE_CLOCKS python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' \
-        > /tmp/debug_build.log 2>&1 ) &
+    build_libraries
+    ( DDTREE_NVCC_EXTRA=-DDDTREE_PHASE_CLOCKS build_libraries > /tmp/debug_build.log 2>&1 ) &
     ( export CUDA_VISIBLE_DEVICES=1
       timeout 330 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests -k "not cpu and not multi_gpu" 2>&1 | grep -v DEBUG \
         > "$OUT/gpu_tests.log"
@@ -52,7 +55,7 @@ case "$stage" in
     timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_multi_gpu.py 2>&1 | grep -v DEBUG | tail -2 | tee -a "$OUT/gpu_tests.log"
     tail -4 "$OUT/gpu_tests.log"; grep -E "SUMMARY|passed|failed" "$OUT/sanitizers.log"; head -30 "$OUT/phase_clocks.log" ;;
   iterate2)
-    python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' 2>&1 | grep -v DEBUG | tail -3
+    build_libraries
     ( CUDA_VISIBLE_DEVICES=1 timeout 330 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests -k "not cpu and not multi_gpu" \
         2>&1 | grep -v DEBUG > "$OUT/gpu_tests.log" ) &
     export CUDA_VISIBLE_DEVICES=0
@@ -67,7 +70,7 @@ case "$stage" in
     timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_multi_gpu.py 2>&1 | grep -v DEBUG \
       | tee "$OUT/multi_gpu.log" | tail -3 ;;
   finish2)
-    python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' 2>&1 | grep -v DEBUG | tail -3
+    build_libraries
     ( export CUDA_VISIBLE_DEVICES=1
       for shape in H1-B3-n33-P64 H16-B3-n16-P9000; do  # a small one that surely finishes, then one with many tiles
         timeout 150 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
