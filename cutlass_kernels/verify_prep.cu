@@ -16,11 +16,6 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void prepare_verify_kernel(VerifyIndexArgs index, int index_blocks, TreeMaskArgs mask) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The attention kernel after this one is a programmatic dependent launch: it may be scheduled
-  // at once, and it waits for this grid to complete (and its writes to land) before reading.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
   const int block = static_cast<int>(blockIdx.x);
   if (block < index_blocks) {  // block-uniform, so the mask warps below stay whole for their ballots
     build_verify_index(index, static_cast<int64_t>(block) * blockDim.x + threadIdx.x);

@@ -29,9 +29,7 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
         num_splits = num_kv_splits_whole_tiles(num_tokens, heads, batch, verify_indices.numel(), sm_count(q.device),
                                                ROWS_PER_CTA, CTAS_PER_SM, KEYS_PER_SPLIT, MAX_SPLITS)
     if num_splits > 1:
-        # Partials in q's dtype: half the bytes of fp32 in the kernel's epilogue and the combine
-        # (each partial is an output normalised by its own row sums; the combine merges in fp32).
-        part_out = torch.empty((num_splits, num_tokens * heads, 512), dtype=q.dtype, device=q.device)
+        part_out = torch.empty((num_splits, num_tokens * heads, 512), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits, num_tokens * heads), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)

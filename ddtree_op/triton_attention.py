@@ -12,7 +12,6 @@ qo_indptr on the device, so the launch replays under CUDA graphs with new length
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -154,14 +153,11 @@ def _combine_splits_kernel(
     out_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh,
     num_tokens,
     HEADS: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr,
-    WAIT_FOR_PRIOR_GRID: tl.constexpr,
 ):
     """Merges the NUM_SPLITS partial (out, lse) pairs of one valid row by their LSE; program
     (r, j) does row r, columns [j * BLOCK_D, +BLOCK_D). All splits are loaded at once as one
     [SPLITS_POW2, BLOCK_D] tile, so a program waits for one memory round trip, not one per split
     (a loop over 64 splits of partials cost ~20 us at B = 1)."""
-    if WAIT_FOR_PRIOR_GRID:  # a programmatic dependent launch: the partials come from the grid before
-        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     pid_d = tl.program_id(1)
     valid_rows = tl.load(qo_indptr_ptr + batch).to(tl.int64) * HEADS
@@ -175,7 +171,7 @@ def _combine_splits_kernel(
         total = tl.sum(weight, axis=0)
         dv = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
         part = tl.load(part_out_ptr + (split * stride_split + row)[:, None] * D_LATENT + dv[None, :],
-                       mask=(weight > 0)[:, None], other=0.0).to(tl.float32)
+                       mask=(weight > 0)[:, None], other=0.0)
         acc = tl.sum(weight[:, None] * part, axis=0)
         saw_any = total > 0.0
         o = acc / tl.where(saw_any, total, 1.0)
@@ -229,24 +225,15 @@ def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices,
     return kernel
 
 
-@functools.lru_cache(maxsize=None)
-def _has_programmatic_launch(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9  # griddepcontrol needs sm_90
-
-
 def combine_splits(part_out, part_lse, qo_indptr, out, lse):
-    """out/lse of the valid rows from per-split partials ([S, T*H, 512] float32 or q's dtype, and
-    [S, T*H] float32). On sm_90 the combine is a programmatic dependent launch: its programs may
-    be scheduled while the attention kernel's last CTAs store, and wait for that grid to finish."""
+    """out/lse of the valid rows from per-split partials ([S, T*H, 512] and [S, T*H] float32)."""
     num_tokens, heads = out.shape[0], out.shape[1]
     num_splits = part_out.shape[0]
     splits_pow2 = triton.next_power_of_2(num_splits)
     block_d = max(32, min(D_LATENT, 4096 // splits_pow2))  # the [splits, BLOCK_D] tile: <= 32 fp32 per thread
-    dependent = part_out.is_cuda and _has_programmatic_launch(part_out.device.index)
     _combine_splits_kernel[(num_tokens * heads, D_LATENT // block_d)](
         part_out, part_lse, qo_indptr, qo_indptr.numel() - 1,
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
         num_tokens,
-        HEADS=heads, BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLITS_POW2=splits_pow2, WAIT_FOR_PRIOR_GRID=dependent,
-        num_warps=4, **({"launch_pdl": True} if dependent else {}),
+        HEADS=heads, BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLITS_POW2=splits_pow2, num_warps=4,
     )

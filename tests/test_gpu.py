@@ -227,8 +227,9 @@ def test_repeated_calls_are_bitwise_identical():
 
 
 def test_split_partials_keep_accuracy():
-    """The sm_90a kernel stores split partials in q's dtype: merging 64 of them must be about as
-    accurate as one split that never rounds a partial (guards the partial dtype and the combine)."""
+    """Merging 64 split partials must be about as accurate as one split. Partials rounded to bf16
+    fail this (relative error 1.2e-3 -> 2.6e-3 on this batch, measured at 8f9c67b): with random
+    values a split's partial is larger than the merged output, so its rounding error is too."""
     if "cutlass" not in cuda_backends():
         pytest.skip("the sm_90a kernel needs an sm_90 GPU")
     from ddtree_op.api import mask_words_per_row

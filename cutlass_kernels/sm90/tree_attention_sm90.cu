@@ -20,19 +20,8 @@ void launch(const VerifyParams& params, dim3 grid, cudaStream_t stream) {
   auto kernel = ddtree::sm90::verify_attention_kernel<Traits>;
   const int smem = Traits::kSmemBytes + 1024;  // + alignment slack for the swizzled tiles
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  // Programmatic dependent launch: the CTAs may be scheduled while the previous kernel on the
-  // stream (the preparation kernel) finishes; the kernel waits for it before its first read.
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(Traits::kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, params));
+  kernel<<<grid, Traits::kThreads, smem, stream>>>(params);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& qo_indptr,
@@ -59,11 +48,6 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
               "ddtree_op: 'mask_words' must be int64 [T, W]");
   check_index_tensor(qo_indptr, "qo_indptr");
   TORCH_CHECK(num_splits >= 1, "ddtree_op: num_splits must be >= 1");
-  TORCH_CHECK(num_splits == 1 || (part_out.scalar_type() == q.scalar_type() && part_out.is_contiguous() &&
-                                  part_out.numel() == num_splits * q.size(0) * q.size(1) * 512 &&
-                                  part_lse.scalar_type() == at::kFloat && part_lse.is_contiguous() &&
-                                  part_lse.numel() == num_splits * q.size(0) * q.size(1)),
-              "ddtree_op: 'part_out' must be [num_splits, T * H, 512] of q's dtype and 'part_lse' [num_splits, T * H] float32");
   const int64_t tokens = q.size(0), heads = q.size(1), batch = qo_indptr.numel() - 1;
   if (tokens == 0) return;
 
@@ -84,7 +68,7 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
   params.lse = lse.data_ptr<float>();
   params.lse_stride_token = lse.stride(0);
   params.lse_stride_head = lse.stride(1);
-  params.part_out = num_splits > 1 ? part_out.data_ptr() : nullptr;
+  params.part_out = num_splits > 1 ? part_out.data_ptr<float>() : nullptr;
   params.part_lse = num_splits > 1 ? part_lse.data_ptr<float>() : nullptr;
   params.num_tokens = static_cast<int>(tokens);
   params.heads = static_cast<int>(heads);

@@ -19,7 +19,6 @@
 #include <cutlass/numeric_types.h>
 
 #include "../index_view.cuh"
-#include "block_request.cuh"
 #include "traits.cuh"
 
 namespace ddtree::sm90 {
@@ -38,10 +37,7 @@ struct VerifyParams {
   int64_t out_stride_token, out_stride_head;
   float* lse;
   int64_t lse_stride_token, lse_stride_head;
-  // [splits, T * H, 512] in q's dtype when splits > 1: the output tile normalised by its own row
-  // sums, so rounding it is rounding an output (the combine's weights sum to 1); fp32 partials
-  // took twice the bytes in the epilogue, 7-10 K cycles per CTA (phase clocks at 792dbef).
-  void* part_out;
+  float* part_out;  // [splits, T * H, 512] when splits > 1
   float* part_lse;  // [splits, T * H]
   int num_tokens, heads, batch, num_splits;
   float scale_log2;  // sm_scale * log2(e)
@@ -183,17 +179,22 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
 #endif
   DDTREE_PHASE(0);
 
-  // Launched as a programmatic dependent of the preparation kernel: this CTA may be resident
-  // before that kernel's indices and mask are written, so nothing is read before this wait
-  // (a no-op when the launch had no programmatic dependency).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  const BlockRequest owner = find_block_request<kRows>(p.qo_indptr, p.verify_indptr, p.batch, p.heads, block);
-  const int request = owner.request;
+  // Which request owns this block (the batch is small: a linear scan, all from L1/L2).
+  int request = -1, first_block = 0, blocks_before = 0;
+  for (int b = 0; b < p.batch; ++b) {
+    const int rows = static_cast<int>(p.qo_indptr[b + 1] - p.qo_indptr[b]) * p.heads;
+    const int blocks = (rows + kRows - 1) / kRows;
+    if (request < 0 && block < blocks_before + blocks) {
+      request = b;
+      first_block = blocks_before;
+    }
+    blocks_before += blocks;
+  }
 
   DDTREE_PHASE(1);
   if (request < 0) {  // padding rows: out 0, lse -inf (split 0 only)
     if (split != 0) return;
-    const int64_t row_begin = p.qo_indptr[p.batch] * p.heads + int64_t(block - owner.first_block) * kRows;
+    const int64_t row_begin = p.qo_indptr[p.batch] * p.heads + int64_t(block - blocks_before) * kRows;
     const int64_t row_end = int64_t(p.num_tokens) * p.heads;
     Element* out = static_cast<Element*>(p.out);
     constexpr int kThreadsPerRow = kThreads / kRows;  // 4 threads zero one row's 512 columns
@@ -207,13 +208,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     return;
   }
 
-  const int64_t q_lo = owner.q_lo;
-  const int num_draft = static_cast<int>(owner.q_hi - q_lo);
-  const int kv_lo = owner.kv_lo;
-  const int kv_len = owner.kv_hi - kv_lo;
+  const int64_t q_lo = p.qo_indptr[request];
+  const int num_draft = static_cast<int>(p.qo_indptr[request + 1] - q_lo);
+  const int kv_lo = p.verify_indptr[request];
+  const int kv_len = p.verify_indptr[request + 1] - kv_lo;
   const int prefix_len = kv_len - num_draft;
   const int num_rows = num_draft * p.heads;
-  const int row0 = (block - owner.first_block) * kRows;
+  const int row0 = (block - first_block) * kRows;
 
   const int per_split = (kv_len + p.num_splits - 1) / p.num_splits;
   constexpr int kPairKeys = 2 * kKeys;  // splits hold whole pairs of tiles, so only the last pads
@@ -243,23 +244,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     }
   };
 
-  // Prologue, ordered so that the memory round trips overlap: the slot ids of the first two
-  // pairs' tiles are loaded together and q's copy is issued while they are in flight; the
-  // barriers are set up meanwhile.
-  int first_slots[4] = {-1, -1, -1, -1};
-  if (num_tiles > 0) {
-    CUTE_UNROLL
-    for (int tile = 0; tile < 4; ++tile) first_slots[tile] = slot_of_tile(tile);
-    // q rows the same way as KV rows: 4 threads per row, so one (token, head) split per thread.
-    const int q_row = row0 + gather_key;
-    const bool q_valid = q_row < num_rows;
-    const int64_t q_token = q_lo + (q_valid ? q_row / p.heads : 0), q_head = q_valid ? q_row % p.heads : 0;
-    const Element* q_src = q_ptr + q_token * p.q_stride_token + q_head * p.q_stride_head;
-    CUTE_UNROLL
-    for (int c = gather_chunk0; c < kChunks; c += kThreadsPerKey) {
-      cp_async_16(&sQ(gather_key, c * 8), q_src + c * 8, q_valid);
-    }
-  }
   using Barrier = cutlass::arch::ClusterBarrier;
   if (tid == 0) {
     for (int stage = 0; stage < Traits::kStages; ++stage) {
@@ -269,13 +253,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
+
+  int next_slot[2] = {-1, -1};  // slot ids of the next pair's tiles, loaded a pair ahead
   if (num_tiles > 0) {
-    gather_kv_tile(0, first_slots[0]);
+    // q rows the same way as KV rows: 4 threads per row, so one (token, head) split per thread.
+    const int q_row = row0 + gather_key;
+    const bool q_valid = q_row < num_rows;
+    const int64_t q_token = q_lo + (q_valid ? q_row / p.heads : 0), q_head = q_valid ? q_row % p.heads : 0;
+    const Element* q_src = q_ptr + q_token * p.q_stride_token + q_head * p.q_stride_head;
+    CUTE_UNROLL
+    for (int c = gather_chunk0; c < kChunks; c += kThreadsPerKey) {
+      cp_async_16(&sQ(gather_key, c * 8), q_src + c * 8, q_valid);
+    }
+    gather_kv_tile(0, slot_of_tile(0));
     cutlass::arch::cpasync_barrier_arrive_noinc(&full_barrier[0]);  // covers the q tile too
-    gather_kv_tile(1, first_slots[1]);  // zero-filled when there is no second tile
+    gather_kv_tile(1, slot_of_tile(1));  // zero-filled when there is no second tile
     cutlass::arch::cpasync_barrier_arrive_noinc(&full_barrier[1]);
+    next_slot[0] = slot_of_tile(2);
+    next_slot[1] = slot_of_tile(3);
   }
-  int next_slot[2] = {first_slots[2], first_slots[3]};  // slot ids of the next pair's tiles, loaded a pair ahead
   DDTREE_PHASE(2);
 
   typename Traits::TiledMmaQK mma_qk;
@@ -436,9 +432,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   }
 
   DDTREE_PHASE(7);
-  // Only the epilogue is left: let the combine kernel (a programmatic dependent launch) be
-  // scheduled now. It waits for this grid's completion before it reads anything.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   // Each warpgroup summed its own tiles' P (both with the same maxima): add the two per row.
   CUTE_UNROLL
   for (int j = 0; j < 2; ++j) row_sum[j] = quad_sum(row_sum[j]);
@@ -472,9 +465,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       else p.part_lse[split * stride_split + t * p.heads + h] = lse_row[j];
     }
   }
-  if (p.num_splits > 1) {  // partials in q's dtype: rows of one row block are consecutive
-    Element* first_row = static_cast<Element*>(p.part_out) + (split * stride_split + q_lo * p.heads + row0) * kLatent;
-    store_tile_through_smem<Element, kRows, kLatent, kThreads>(
+  if (p.num_splits > 1) {  // fp32 partials: rows of one row block are consecutive
+    float* first_row = p.part_out + (split * stride_split + q_lo * p.heads + row0) * kLatent;
+    store_tile_through_smem<float, kRows, kLatent, kThreads>(
         smem, acc_o, coord_o, my_row, warpgroup * kHalf, inv_sum, valid_rows, tid,
         [&](int r) { return first_row + int64_t(r) * kLatent; });
   } else {
