@@ -12,7 +12,7 @@ import torch  # noqa: E402
 from ddtree_op import ops  # noqa: E402
 from ddtree_op.api import mask_words_per_row  # noqa: E402
 from ddtree_op.synthetic import make_verify_batch  # noqa: E402
-from ddtree_op.triton_attention import tree_attention_triton  # noqa: E402
+from ddtree_op.triton_attention import combine_splits, tree_attention_triton  # noqa: E402
 
 # (prefix lengths, draft lengths, heads, splits, dv_parts)
 CASES = [([5, 0, 70], [3, 4, 0], 4, 1, 1), ([40, 3, 9], [3, 4, 5], 2, 3, 1), ([0, 1], [2, 1], 16, 2, 2), ([33], [9], 3, 1, 2),
@@ -36,5 +36,20 @@ for prefix, drafts, heads, splits, dv_parts in CASES:
               and torch.allclose(lse[finite], ref_lse[finite], atol=1e-3))
         failures += not ok
         print(f"{prefix} {drafts} H={heads} splits={splits} dv_parts={dv_parts} {layout}: rel err {err:.1e} {'ok' if ok else 'FAIL'}")
+# The combine alone: a split that saw no key (lse -inf) may hold any bytes, NaN included, and rows
+# past qo_indptr[B] are not written.
+gen = torch.Generator().manual_seed(3)
+part_out = torch.randn(3, 4 * 2, 512, generator=gen)
+part_lse = torch.randn(3, 4 * 2, generator=gen)
+part_lse[1], part_out[1] = float("-inf"), float("nan")
+out = torch.full((4, 2, 512), float("nan"))
+lse = torch.full((4, 2), float("nan"))
+combine_splits(part_out, part_lse, torch.tensor([0, 3]), out, lse)
+weight = torch.softmax(part_lse[[0, 2], :6], dim=0)
+want_out = (weight[:, :, None] * part_out[[0, 2], :6]).sum(0).reshape(3, 2, 512)
+ok = (torch.allclose(out[:3], want_out, atol=1e-5) and torch.allclose(lse[:3], torch.logsumexp(part_lse[[0, 2], :6], 0).reshape(3, 2))
+      and torch.isnan(out[3]).all() and torch.isnan(lse[3]).all())
+failures += not ok
+print(f"combine with an empty split holding NaN, padding rows untouched: {'ok' if ok else 'FAIL'}")
 print("interpreter: all cases match" if failures == 0 else f"interpreter: {failures} cases FAILED")
 sys.exit(1 if failures else 0)
