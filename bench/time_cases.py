@@ -6,18 +6,23 @@ Same timing as bench/verify.py (graphs of up to 8 calls on rotating input sets, 
 groups). Variants are chosen by PYTHONPATH (another copy of ddtree_op/cutlass_kernels) and by
 DDTREE_NVCC_EXTRA; `export` them, since each gets its own build.
 """
+
 import math
 import sys
 
 from bench.cases import all_cases
 from bench.verify import L2_BYTES, Inputs, time_graph
 
-names = sys.argv[1].split(",")
-label = sys.argv[2]
-for case in all_cases():
-    if case.name not in names:
-        continue
-    sets = max(1, min(8, math.ceil(3 * L2_BYTES / case.bytes())))
-    inputs = [Inputs(case, s) for s in range(sets)]
-    t = time_graph([i.attention("cutlass") for i in inputs]) * 1e6
-    print(f"{label:28s} {case.name:24s} {t:9.1f} us", flush=True)
+
+def main(names: list[str], label: str):
+    for case in all_cases():
+        if case.name not in names:
+            continue
+        sets = max(1, min(8, math.ceil(3 * L2_BYTES / case.bytes())))
+        inputs = [Inputs(case, seed) for seed in range(sets)]
+        seconds = time_graph([i.attention("cutlass") for i in inputs])
+        print(f"{label:28s} {case.name:24s} {seconds * 1e6:9.1f} us", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1].split(","), sys.argv[2])
