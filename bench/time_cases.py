@@ -7,19 +7,17 @@ groups). Variants are chosen by PYTHONPATH (another copy of ddtree_op/cutlass_ke
 DDTREE_NVCC_EXTRA; `export` them, since each gets its own build.
 """
 
-import math
 import sys
 
 from bench.cases import all_cases
-from bench.verify import L2_BYTES, Inputs, time_graph
+from bench.verify import Inputs, input_set_count, time_graph
 
 
 def main(names: list[str], label: str):
     for case in all_cases():
         if case.name not in names:
             continue
-        sets = max(1, min(8, math.ceil(3 * L2_BYTES / case.bytes())))
-        inputs = [Inputs(case, seed) for seed in range(sets)]
+        inputs = [Inputs(case, seed) for seed in range(input_set_count(case))]
         seconds = time_graph([i.attention("cutlass") for i in inputs])
         print(f"{label:28s} {case.name:24s} {seconds * 1e6:9.1f} us", flush=True)
 

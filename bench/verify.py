@@ -167,8 +167,13 @@ def parse_triton_configs(text: str | None) -> dict[str, dict]:
     return configs
 
 
+def input_set_count(case: Case) -> int:
+    """Input sets a graph rotates through so that together they hold ~3x the L2 cache (at most 8)."""
+    return max(1, min(8, math.ceil(3 * L2_BYTES / case.bytes())))
+
+
 def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: dict, with_prep: bool) -> dict:
-    sets = max(1, min(8, math.ceil(3 * L2_BYTES / case.bytes())))
+    sets = input_set_count(case)
     inputs = [Inputs(case, seed) for seed in range(sets)]
     floor = case.floor_seconds(ceilings["bf16_flops"], ceilings["copy_bytes_per_s"])
     row = {"case": case.name, "tags": list(case.tags), "heads": case.heads, "batch": case.batch,

@@ -5,7 +5,7 @@ import math
 import pytest
 
 from bench.cases import Case, all_cases, geomean, grid_cases, ragged, ragged_cases, serving_cases
-from bench.verify import parse_triton_configs
+from bench.verify import L2_BYTES, input_set_count, parse_triton_configs
 
 
 def test_grid_is_the_35_shapes_of_the_kernel_notes():
@@ -49,3 +49,10 @@ def test_geomean_and_config_parsing():
     configs = parse_triton_configs("64,64,8,1;64,32,4,1,2")
     assert configs["triton[64x64w8s1]"] == dict(block_m=64, block_n=64, num_warps=8, num_stages=1, dv_parts=1)
     assert configs["triton[64x32w4s1v2]"]["dv_parts"] == 2
+
+
+def test_input_sets_cover_three_l2_caches():
+    for case in all_cases():
+        sets = input_set_count(case)
+        assert 1 <= sets <= 8
+        assert sets == 8 or sets * case.bytes() >= 3 * L2_BYTES
