@@ -156,27 +156,31 @@ def _combine_splits_kernel(
 ):
     """Merges the NUM_SPLITS partial (out, lse) pairs of one valid row by their LSE; program
     (r, j) does row r, columns [j * BLOCK_D, +BLOCK_D). All splits are loaded at once as one
-    [SPLITS_POW2, BLOCK_D] tile, so a program waits for one memory round trip, not one per split
-    (a loop over 64 splits of partials cost ~20 us at B = 1)."""
+    [SPLITS_POW2, BLOCK_D] tile (a loop over 64 splits of partials cost ~20 us at B = 1), and no
+    load waits for another: the row count, the LSEs and the partials go out together, so a program
+    waits for one memory round trip. Rows past qo_indptr[B] are read (the grid covers T * H rows,
+    all inside the buffers) but not stored."""
     row = tl.program_id(0).to(tl.int64)
     pid_d = tl.program_id(1)
+    stride_split = num_tokens * HEADS
+    split = tl.arange(0, SPLITS_POW2)
+    dv = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    real_split = split < NUM_SPLITS
     valid_rows = tl.load(qo_indptr_ptr + batch).to(tl.int64) * HEADS
+    part_lse = tl.load(part_lse_ptr + split * stride_split + row, mask=real_split, other=float("-inf"))
+    part = tl.load(part_out_ptr + (split * stride_split + row)[:, None] * D_LATENT + dv[None, :],
+                   mask=real_split[:, None], other=0.0)
+    lse_max = tl.max(part_lse, axis=0)
+    lse_max_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
+    weight = tl.exp(part_lse - lse_max_safe)  # 0 for splits that saw no key (and padding splits)
+    total = tl.sum(weight, axis=0)
+    # A split that saw no key has weight 0; its partial is not trusted to be finite.
+    acc = tl.sum(tl.where((weight > 0)[:, None], weight[:, None] * part, 0.0), axis=0)
+    saw_any = total > 0.0
+    o = acc / tl.where(saw_any, total, 1.0)
+    t = row // HEADS
+    h = row % HEADS
     if row < valid_rows:
-        stride_split = num_tokens * HEADS
-        split = tl.arange(0, SPLITS_POW2)
-        part_lse = tl.load(part_lse_ptr + split * stride_split + row, mask=split < NUM_SPLITS, other=float("-inf"))
-        lse_max = tl.max(part_lse, axis=0)
-        lse_max_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-        weight = tl.exp(part_lse - lse_max_safe)  # 0 for splits that saw no key (and padding splits)
-        total = tl.sum(weight, axis=0)
-        dv = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-        part = tl.load(part_out_ptr + (split * stride_split + row)[:, None] * D_LATENT + dv[None, :],
-                       mask=(weight > 0)[:, None], other=0.0)
-        acc = tl.sum(weight[:, None] * part, axis=0)
-        saw_any = total > 0.0
-        o = acc / tl.where(saw_any, total, 1.0)
-        t = row // HEADS
-        h = row % HEADS
         tl.store(out_ptr + t * stride_ot + h * stride_oh + dv, o.to(out_ptr.dtype.element_ty))
         if pid_d == 0:
             lse = tl.where(saw_any, lse_max_safe + tl.log(tl.where(saw_any, total, 1.0)), float("-inf"))
