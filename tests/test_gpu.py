@@ -278,6 +278,38 @@ def test_edge_shapes(backend, case):
     assert_matches_reference(*run_and_reference(vb, backend))
 
 
+def run_sm90(vb, **schedule):
+    """The sm_90a kernel called directly (to force a schedule), with poisoned outputs."""
+    from ddtree_op.api import mask_words_per_row
+    from ddtree_op.checks import kv_rows
+    from ddtree_op.sm90_attention import tree_attention_sm90
+
+    rows, heads = vb.q.shape[0], vb.q.shape[1]
+    words = mask_words_per_row(vb.tree_mask, vb.mask_layout, rows, None)
+    verify_indptr, verify_indices, mask_words = ops.prepare_verify(
+        vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, vb.mask_layout, rows, words
+    )
+    out = torch.full((rows, heads, 512), float("nan"), device="cuda", dtype=vb.q.dtype)
+    lse = torch.full((rows, heads), float("nan"), device="cuda")
+    tree_attention_sm90(vb.q, kv_rows(vb.kv_cache), vb.qo_indptr, verify_indptr, verify_indices, mask_words, vb.sm_scale,
+                        out, lse, **schedule)
+    return out, lse
+
+
+@pytest.mark.parametrize("ctas", [1, 5, 132])
+@pytest.mark.parametrize("case", ATTENTION_CASES + EDGE_CASES, ids=case_id)
+def test_balanced_schedule_matches_reference(case, ctas):
+    """The balanced schedule on every shape, whatever the schedule `auto` would pick: 1 CTA walks
+    every row block; 5 cut most of them; 132 (one per SM) leave some CTAs with no work when the
+    batch is small. Padding rows, requests with no drafts and rows that see no key included."""
+    if "cutlass" not in cuda_backends():
+        pytest.skip("the sm_90a kernel needs an sm_90 GPU")
+    index = (ATTENTION_CASES + EDGE_CASES).index(case)
+    vb = make_gpu_case(case, "full", torch.bfloat16 if ctas != 5 else torch.float16, seed=100 + index + ctas)
+    ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
+    assert_matches_reference(*run_sm90(vb, schedule="balanced", ctas=ctas), ref_out, ref_lse)
+
+
 @pytest.mark.parametrize("backend", cuda_backends())
 def test_all_padding_batch(backend):
     vb = make_verify_batch([0, 0], [0, 0], 16, device="cuda", pad_rows=7)  # no draft rows at all
