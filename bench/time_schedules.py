@@ -1,45 +1,50 @@
-"""Times the sm_90a kernel's two schedules on the same inputs, for choosing between them
-(ddtree_op/balanced_schedule.py: MIN_UNITS_PER_CTA):
+"""Times the sm_90a split and persistent kernels on the same inputs, for choosing between them
+(ddtree_op/balanced_schedule.py):
 
-  PYTHONPATH=$PWD python3 bench/time_schedules.py all            # or grid / ragged / serving / case names
+  PYTHONPATH=$PWD python3 bench/time_schedules.py ragged,grid      # tags of bench/cases.py, case names, or all
 
-Prints per case the time with the split schedule, with the balanced one, and the mean units of
-work per CTA on which the choice is made. Same timing as bench/verify.py.
+Prints per case both times, the mean units of work per CTA, and the plan the persistent kernel's
+device code picks for the case's lengths (pieces or equal shares). Same timing as bench/verify.py.
 """
 
 import sys
+from itertools import accumulate
 
-import ddtree_op.balanced_schedule as balanced_schedule
+import ddtree_op.sm90_attention as sm90_attention
 from bench.cases import all_cases
 from bench.verify import Inputs, input_set_count, time_graph
-from ddtree_op.schedule import sm_count
+from ddtree_op.balanced_schedule import ROWS_PER_BLOCK, UNIT_KEYS, plan, use_persistent
+from ddtree_op.schedule import num_kv_splits_whole_tiles, sm_count
 
-NEVER, ALWAYS = 10**9, 0  # MIN_UNITS_PER_CTA values that force one schedule
 
-
-def units_per_cta(case, ctas: int) -> float:
+def describe(case, ctas: int) -> str:
     tokens = sum(case.draft_lens)
     keys = sum(p + n for p, n in zip(case.prefix_lens, case.draft_lens))
-    row_blocks = -(-tokens * case.heads // balanced_schedule.ROWS_PER_BLOCK)
-    return row_blocks * -(-keys // (balanced_schedule.UNIT_KEYS * case.batch)) / ctas
+    splits = num_kv_splits_whole_tiles(tokens, case.heads, case.batch, keys, ctas, sm90_attention.ROWS_PER_CTA,
+                                       sm90_attention.CTAS_PER_SM, sm90_attention.KEYS_PER_SPLIT, sm90_attention.MAX_SPLITS)
+    qo = [0, *accumulate(case.draft_lens)]
+    kv = [0, *accumulate(p + n for p, n in zip(case.prefix_lens, case.draft_lens))]
+    equal, _ = plan(qo, kv, case.heads, ctas, splits)
+    units = -(-tokens * case.heads // ROWS_PER_BLOCK) * -(-keys // (UNIT_KEYS * case.batch)) / ctas
+    auto = "persistent" if use_persistent(tokens, case.heads, case.batch, keys, ctas, splits) else "split"
+    return f"units/CTA {units:6.1f} splits {splits:3d} plan {'equal' if equal else 'pieces'} auto {auto:10s}"
 
 
 def main(selection: list[str]):
-    saved = balanced_schedule.MIN_UNITS_PER_CTA
+    chooser = sm90_attention.use_persistent
     for case in all_cases():
         if not ({case.name, "all"} & set(selection) or set(case.tags) & set(selection)):
             continue
         inputs = [Inputs(case, seed) for seed in range(input_set_count(case))]
         times = {}
         try:
-            for name, threshold in (("split", NEVER), ("balanced", ALWAYS)):
-                balanced_schedule.MIN_UNITS_PER_CTA = threshold
-                times[name] = time_graph([i.attention("cutlass") for i in inputs]) * 1e6
+            for kernel in ("split", "persistent"):
+                sm90_attention.use_persistent = lambda *args, kernel=kernel: kernel == "persistent"
+                times[kernel] = time_graph([i.attention("cutlass") for i in inputs]) * 1e6
         finally:
-            balanced_schedule.MIN_UNITS_PER_CTA = saved
-        units = units_per_cta(case, sm_count(inputs[0].out.device))
-        print(f"{case.name:28s} units/CTA {units:7.1f}  split {times['split']:9.1f} us  balanced {times['balanced']:9.1f} us"
-              f"  ratio {times['balanced'] / times['split']:.3f}", flush=True)
+            sm90_attention.use_persistent = chooser
+        print(f"{case.name:28s} {describe(case, sm_count(inputs[0].out.device))}  split {times['split']:8.1f} us  "
+              f"persistent {times['persistent']:8.1f} us  ratio {times['persistent'] / times['split']:.3f}", flush=True)
 
 
 if __name__ == "__main__":

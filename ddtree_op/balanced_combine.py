@@ -1,10 +1,9 @@
-"""Merges the partials of the row blocks that the balanced schedule cut (balanced_schedule.py).
+"""Merges the partials of the persistent kernel's row blocks (balanced_schedule.py).
 
-A row block is cut only where a CTA's share begins inside it, so the combine looks at CTA
-boundaries, not at rows: program (k, r) takes the boundary where CTA k's share begins, finds
-the row block it falls in, and, if the boundary cuts that row block and is its first cut,
-merges row r of it from the slots the formulas name. Every other program does nothing; the grid
-is (CTAs, 64), a function of the GPU only.
+Program (k, r) makes the same choice as the kernel and then merges row r of at most one row
+block: with equal shares, the row block that CTA k's share begins in, if that boundary cuts it
+and is its first cut; with pieces, row block k, if it has more than one split. Every other
+program does nothing. The grid is (CTAs, 64), a function of the GPU only.
 """
 
 from __future__ import annotations
@@ -12,17 +11,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .balanced_schedule import ROWS_PER_BLOCK, UNIT_KEYS
+from .balanced_schedule import CUT_COST_UNITS, ROWS_PER_BLOCK, UNIT_KEYS
 
 D_LATENT = 512
-SLOT_BLOCK = 4  # partial slots loaded at once; a row block is rarely cut more than 3 times
+# Partial slots loaded at once: equal shares rarely cut a row block more than 3 times; pieces
+# have `splits` slots each, up to MAX_SLOT_BLOCK per round trip ([16, 512] fp32: 64 per thread).
+MIN_SLOT_BLOCK = 4
+MAX_SLOT_BLOCK = 16
 
 
 @triton.jit
-def _combine_cut_row_blocks_kernel(
-    part_out_ptr, part_lse_ptr, qo_indptr_ptr, verify_indptr_ptr, batch,
+def _combine_persistent_kernel(
+    part_out_ptr, part_lse_ptr, qo_indptr_ptr, verify_indptr_ptr, batch, splits,
     out_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh, num_ctas,
-    HEADS: tl.constexpr, BATCH_POW2: tl.constexpr, SLOT_BLOCK: tl.constexpr,
+    HEADS: tl.constexpr, BATCH_POW2: tl.constexpr, SLOT_BLOCK: tl.constexpr, CUT_COST: tl.constexpr,
     ROWS: tl.constexpr, UNIT: tl.constexpr, D: tl.constexpr,
 ):
     k = tl.program_id(0)
@@ -34,57 +36,75 @@ def _combine_cut_row_blocks_kernel(
     kv_lo = tl.load(verify_indptr_ptr + req, mask=real, other=0).to(tl.int64)
     kv_hi = tl.load(verify_indptr_ptr + req + 1, mask=real, other=0).to(tl.int64)
     rows = (qo_hi - qo_lo) * HEADS
+    blocks = (rows + ROWS - 1) // ROWS
     units = (kv_hi - kv_lo + UNIT - 1) // UNIT
-    items = (rows + ROWS - 1) // ROWS * units
-    total = tl.sum(items, 0)
+    items = blocks * units
+    total = tl.maximum(tl.sum(items, 0), 1)
+    all_blocks = tl.sum(blocks, 0)
     used = tl.minimum(total, num_ctas)
-    if (k > 0) & (k < used):
-        x = k * total // used  # the first item of CTA k's share
-        b = tl.sum((tl.cumsum(items, 0) <= x).to(tl.int32), 0)  # the request that holds it
-        before = tl.sum(tl.where(req < b, items, 0), 0)
-        u = tl.sum(tl.where(req == b, units, 0), 0)
-        first = before + (x - before) // u * u  # the first item of its row block
-        i0 = ((first + 1) * used - 1) // total  # the CTA whose share holds that item
-        row = (x - before) // u * ROWS + r
-        if (first != x) & (k == i0 + 1) & (row < tl.sum(tl.where(req == b, rows, 0), 0)):
-            i1 = ((first + u) * used - 1) // total  # the CTA that holds its last item
-            first_slot = 2 * i0 + tl.where(i0 * total // used == first, 0, 1)
-            d = tl.arange(0, D)
-            m_run = tl.max(tl.full([SLOT_BLOCK], float("-inf"), tl.float32), 0)
-            total_weight = tl.sum(tl.zeros([SLOT_BLOCK], tl.float32), 0)
-            acc = tl.zeros([D], tl.float32)
-            # The LSEs and partials of a block of slots are loaded together (one memory round trip),
-            # merged into a running maximum.
-            for c0 in range(0, i1 - i0 + 1, SLOT_BLOCK):
-                kk = c0 + tl.arange(0, SLOT_BLOCK)
-                valid = kk <= i1 - i0
-                slot = tl.where(kk == 0, first_slot, 2 * (i0 + kk))
-                lse_k = tl.load(part_lse_ptr + slot * ROWS + r, mask=valid, other=float("-inf"))
-                part = tl.load(part_out_ptr + (slot * ROWS + r)[:, None] * D + d[None, :], mask=valid[:, None], other=0.0)
-                m_new = tl.maximum(m_run, tl.max(lse_k, 0))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                scale = tl.exp(m_run - m_safe)
-                weight = tl.exp(lse_k - m_safe)  # 0 for a slot that saw no key; its bytes are not trusted
-                acc = acc * scale + tl.sum(tl.where((weight > 0)[:, None], weight[:, None] * part, 0.0), 0)
-                total_weight = total_weight * scale + tl.sum(weight, 0)
-                m_run = m_new
-            saw_any = total_weight > 0.0
-            o = acc / tl.where(saw_any, total_weight, 1.0)
-            m_final = tl.where(m_run == float("-inf"), 0.0, m_run)
-            t = tl.sum(tl.where(req == b, qo_lo, 0), 0) + row // HEADS
-            h = row % HEADS
-            tl.store(out_ptr + t * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
-            tl.store(lse_ptr + t * stride_lt + h * stride_lh,
-                     tl.where(saw_any, m_final + tl.log(tl.where(saw_any, total_weight, 1.0)), float("-inf")))
+    # The kernel's choice (balanced_plan.cuh: plan_batch).
+    longest = tl.max(tl.where(blocks > 0, (units + splits - 1) // splits, 0), 0)
+    waves = (all_blocks * splits + num_ctas - 1) // num_ctas
+    share = (total + used - 1) // used
+    pieces_fit = (splits == 1) | (all_blocks * splits <= 2 * num_ctas)
+    pieces = pieces_fit & (share + CUT_COST >= waves * longest)
+    equal = (pieces_fit == 0) | (share + CUT_COST < waves * longest)
+    # Equal shares: the row block that holds x, the first item of CTA k's share.
+    x = k * total // used
+    b_eq = tl.sum((tl.cumsum(items, 0) <= x).to(tl.int32), 0)
+    before = tl.sum(tl.where(req < b_eq, items, 0), 0)
+    u = tl.maximum(tl.sum(tl.where(req == b_eq, units, 0), 0), 1)
+    first = before + (x - before) // u * u  # the first item of that row block
+    i0 = ((first + 1) * used - 1) // total  # the CTA whose share holds that item
+    i1 = ((first + u) * used - 1) // total  # the CTA that holds its last item
+    first_slot = 2 * i0 + tl.where(i0 * total // used == first, 0, 1)
+    cut_here = equal & (k > 0) & (k < used) & (first != x) & (k == i0 + 1)
+    # Pieces: row block k.
+    b_pc = tl.sum((tl.cumsum(blocks, 0) <= k).to(tl.int32), 0)
+    block_pc = k - tl.sum(tl.where(req < b_pc, blocks, 0), 0)
+    pieces_here = pieces & (splits > 1) & (k < all_blocks)
+
+    b = tl.where(equal, b_eq, b_pc)
+    row = tl.where(equal, (x - before) // u, block_pc) * ROWS + r
+    if (cut_here | pieces_here) & (row < tl.sum(tl.where(req == b, rows, 0), 0)):
+        count = tl.where(equal, i1 - i0 + 1, splits)
+        d = tl.arange(0, D)
+        m_run = tl.max(tl.full([SLOT_BLOCK], float("-inf"), tl.float32), 0)
+        total_weight = tl.sum(tl.zeros([SLOT_BLOCK], tl.float32), 0)
+        acc = tl.zeros([D], tl.float32)
+        # The LSEs and partials of a block of slots are loaded together (one memory round trip),
+        # merged into a running maximum.
+        for c0 in range(0, count, SLOT_BLOCK):
+            kk = c0 + tl.arange(0, SLOT_BLOCK)
+            valid = kk < count
+            slot = tl.where(equal, tl.where(kk == 0, first_slot, 2 * (i0 + kk)), k * splits + kk)
+            lse_k = tl.load(part_lse_ptr + slot * ROWS + r, mask=valid, other=float("-inf"))
+            part = tl.load(part_out_ptr + (slot * ROWS + r)[:, None] * D + d[None, :], mask=valid[:, None], other=0.0)
+            m_new = tl.maximum(m_run, tl.max(lse_k, 0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            scale = tl.exp(m_run - m_safe)
+            weight = tl.exp(lse_k - m_safe)  # 0 for a slot that saw no key; its bytes are not trusted
+            acc = acc * scale + tl.sum(tl.where((weight > 0)[:, None], weight[:, None] * part, 0.0), 0)
+            total_weight = total_weight * scale + tl.sum(weight, 0)
+            m_run = m_new
+        saw_any = total_weight > 0.0
+        o = acc / tl.where(saw_any, total_weight, 1.0)
+        m_final = tl.where(m_run == float("-inf"), 0.0, m_run)
+        t = tl.sum(tl.where(req == b, qo_lo, 0), 0) + row // HEADS
+        h = row % HEADS
+        tl.store(out_ptr + t * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
+        tl.store(lse_ptr + t * stride_lt + h * stride_lh,
+                 tl.where(saw_any, m_final + tl.log(tl.where(saw_any, total_weight, 1.0)), float("-inf")))
 
 
-def combine_cut_row_blocks(part_out, part_lse, qo_indptr, verify_indptr, out, lse, ctas: int):
-    """out/lse of the cut row blocks from the partials ([2 ctas, 64, 512] and [2 ctas, 64] float32)
-    written by the kernel's balanced schedule over `ctas` CTAs."""
+def combine_persistent(part_out, part_lse, qo_indptr, verify_indptr, out, lse, ctas: int, splits: int):
+    """out/lse of the row blocks that the persistent kernel over `ctas` CTAs (pieces schedule:
+    `splits` per row block) wrote as partials ([2 ctas, 64, 512] and [2 ctas, 64] float32)."""
     batch = qo_indptr.numel() - 1
-    _combine_cut_row_blocks_kernel[(ctas, ROWS_PER_BLOCK)](
-        part_out, part_lse, qo_indptr, verify_indptr, batch,
+    _combine_persistent_kernel[(ctas, ROWS_PER_BLOCK)](
+        part_out, part_lse, qo_indptr, verify_indptr, batch, splits,
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1), ctas,
-        HEADS=out.shape[1], BATCH_POW2=triton.next_power_of_2(max(batch, 1)), SLOT_BLOCK=SLOT_BLOCK,
+        HEADS=out.shape[1], BATCH_POW2=triton.next_power_of_2(max(batch, 1)),
+        SLOT_BLOCK=min(MAX_SLOT_BLOCK, triton.next_power_of_2(max(splits, MIN_SLOT_BLOCK))), CUT_COST=CUT_COST_UNITS,
         ROWS=ROWS_PER_BLOCK, UNIT=UNIT_KEYS, D=D_LATENT, num_warps=4,
     )

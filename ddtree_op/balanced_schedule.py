@@ -1,12 +1,18 @@
-"""The sm_90a kernel's balanced schedule: which CTA attends to which keys of which row block, and
-where the cut row blocks' partials go. The kernel (cutlass_kernels/sm90/balanced_plan.cuh) and the
-combine (balanced_combine.py) compute it on the device from the indptrs; this is their reference
-in Python, and the host's shape-only choice between it and the split schedule.
+"""The sm_90a kernel's persistent schedule: which CTA attends to which keys of which row block,
+and where partials go. The kernel (cutlass_kernels/sm90/balanced_plan.cuh) and the combine
+(balanced_combine.py) compute it on the device from the indptrs; this is their reference in
+Python (tests/test_balanced_schedule.py), and the host's shape-only choice of the kernel.
 
-Items are (row block, unit) pairs, a unit being 128 keys (a pair of 64-key tiles), ordered by
-request, row block, unit. With W items and G CTAs, CTA i < min(G, W) takes items
-[i W // G', (i + 1) W // G') with G' = min(G, W). A row block cut by CTA boundaries is written as
-fp32 partials: into slot 2 i by CTA i when it is that CTA's first segment, else into 2 i + 1.
+A row block has `units` of work, a unit being 128 keys (a pair of 64-key tiles). With G CTAs and
+`splits` key splits per row block (the split schedule's count, from shapes), the device picks:
+- pieces: piece p = (row block p // splits, split p % splits) as in the split schedule; CTA c
+  takes pieces c, c + G, ... With splits > 1 piece p writes partial slot p.
+- equal shares: items (row block, unit) in request, row-block, unit order; CTA i < G' = min(G, W)
+  takes items [i W // G', (i + 1) W // G'). A row block cut by a CTA boundary is written as
+  partials: slot 2 i when it is CTA i's first segment, else 2 i + 1.
+Equal shares when the longest piece times the waves of pieces exceeds a CTA's share by more than
+what cutting costs (CUT_COST_UNITS), that is when requests are unequal; and when there are more
+pieces with splits than partial slots (2 per CTA).
 """
 
 from __future__ import annotations
@@ -15,10 +21,14 @@ from dataclasses import dataclass
 
 ROWS_PER_BLOCK = 64
 UNIT_KEYS = 128
-# The balanced schedule pays a second prologue and a partial epilogue (~15 K cycles, about 1.6
-# units) in every CTA whose share crosses a row block; it is chosen only where a CTA's share
-# is large enough for that to be small next to what balancing saves (measured: kernel notes).
-MIN_UNITS_PER_CTA = 12
+# What an equal share pays over its units, in units: its cut row blocks' second prologue and fp32
+# epilogue (~1.6 units each), the combine, and cache misses of CTAs that are no longer in step.
+# Measured at 3-8 on uniform batches (bench/results/2026-11-30_H200x2_3706ac2/schedules.log).
+CUT_COST_UNITS = 8
+# The persistent kernel is used where one or two waves of the split schedule would leave the GPU
+# idle behind the longest request; with more waves the hardware's CTA scheduler balances well.
+MAX_WAVES = 2
+MIN_UNITS_PER_CTA = 2  # below this every CTA does about one unit either way: the split kernel
 
 
 def work_of_requests(qo_indptr: list[int], verify_indptr: list[int], heads: int) -> list[tuple[int, int]]:
@@ -31,22 +41,48 @@ def work_of_requests(qo_indptr: list[int], verify_indptr: list[int], heads: int)
     return work
 
 
+def split_units(units: int, splits: int, split: int) -> tuple[int, int]:
+    """Units [begin, end) of a split, as the split schedule cuts keys: equal shares rounded up to
+    whole units (so the last splits can be empty)."""
+    chunk = -(-units // splits)
+    begin = min(units, split * chunk)
+    return begin, min(units, begin + chunk)
+
+
+def choose_equal_shares(work: list[tuple[int, int]], ctas: int, splits: int) -> bool:
+    total = sum(blocks * units for blocks, units in work)
+    if total == 0:
+        return False
+    pieces = sum(blocks for blocks, _ in work) * splits
+    longest = max(-(-units // splits) for blocks, units in work if blocks)
+    share = -(-total // min(ctas, total))
+    pieces_fit = splits == 1 or pieces <= 2 * ctas  # with splits, piece p writes slot p of 2 per CTA
+    return not pieces_fit or share + CUT_COST_UNITS < -(-pieces // ctas) * longest
+
+
 @dataclass(frozen=True)
 class Segment:
     request: int
     block: int  # row block within the request
     unit_begin: int
-    unit_end: int
+    unit_end: int  # may equal unit_begin: an empty split, which still writes its partial
     slot: int | None  # partial slot, or None: the whole row block, written to out/lse directly
 
 
-def plan(qo_indptr: list[int], verify_indptr: list[int], heads: int, ctas: int) -> list[list[Segment]]:
-    """Each CTA's segments, in order."""
-    blocks = [(b, j, units) for b, (row_blocks, units) in enumerate(work_of_requests(qo_indptr, verify_indptr, heads))
-              for j in range(row_blocks)]
+def plan(qo_indptr: list[int], verify_indptr: list[int], heads: int, ctas: int, splits: int) -> tuple[bool, list[list[Segment]]]:
+    """(equal shares?, each CTA's segments in item order). The kernel processes a CTA's first
+    segment last when a boundary cuts it, so that CTAs start their whole row blocks in step."""
+    work = work_of_requests(qo_indptr, verify_indptr, heads)
+    blocks = [(b, j, units) for b, (row_blocks, units) in enumerate(work) for j in range(row_blocks)]
+    result: list[list[Segment]] = [[] for _ in range(ctas)]
+    if not choose_equal_shares(work, ctas, splits):
+        for piece in range(len(blocks) * splits):
+            b, j, units = blocks[piece // splits]
+            begin, end = split_units(units, splits, piece % splits)
+            result[piece % ctas].append(Segment(b, j, begin, end, piece if splits > 1 else None))
+        return False, result
     total = sum(units for _, _, units in blocks)
     used = min(ctas, total)
-    result: list[list[Segment]] = [[] for _ in range(ctas)]
     offset = 0  # first item of the current row block
     for b, j, units in blocks:
         for cta in range(used):
@@ -58,14 +94,17 @@ def plan(qo_indptr: list[int], verify_indptr: list[int], heads: int, ctas: int) 
             slot = None if whole else 2 * cta + (0 if lo == begin else 1)
             result[cta].append(Segment(b, j, lo - offset, hi - offset, slot))
         offset += units
-    return result
+    return True, result
 
 
-def slots_of_row_block(qo_indptr: list[int], verify_indptr: list[int], heads: int, ctas: int, request: int,
-                       block: int) -> list[int]:
+def slots_of_row_block(qo_indptr: list[int], verify_indptr: list[int], heads: int, ctas: int, splits: int,
+                       request: int, block: int) -> list[int]:
     """The partial slots of one row block in unit order, as the combine finds them from
     formulas; [] when one CTA wrote the whole row block."""
     work = work_of_requests(qo_indptr, verify_indptr, heads)
+    if not choose_equal_shares(work, ctas, splits):
+        index = sum(row_blocks for row_blocks, _ in work[:request]) + block
+        return list(range(index * splits, (index + 1) * splits)) if splits > 1 else []
     total = sum(row_blocks * units for row_blocks, units in work)
     used = min(ctas, total)
     first = sum(row_blocks * units for row_blocks, units in work[:request]) + block * work[request][1]
@@ -80,9 +119,9 @@ def slots_of_row_block(qo_indptr: list[int], verify_indptr: list[int], heads: in
     return [2 * i0 + (0 if i0 * total // used == first else 1)] + [2 * i for i in range(i0 + 1, i1 + 1)]
 
 
-def use_balanced(num_tokens: int, heads: int, batch: int, num_keys_bound: int, ctas: int) -> bool:
-    """Shape-only choice: the balanced schedule when the mean share of a CTA is at least
-    MIN_UNITS_PER_CTA units (estimated with every request at the mean length)."""
+def use_persistent(num_tokens: int, heads: int, batch: int, num_keys_bound: int, ctas: int, splits: int) -> bool:
+    """Shape-only choice of the persistent kernel (estimated with every request at the mean length):
+    at most MAX_WAVES waves of split pieces and at least MIN_UNITS_PER_CTA units per CTA."""
     row_blocks = -(-num_tokens * heads // ROWS_PER_BLOCK)
     units_per_request = -(-num_keys_bound // (UNIT_KEYS * max(batch, 1)))
-    return row_blocks * units_per_request >= MIN_UNITS_PER_CTA * ctas
+    return row_blocks * splits <= MAX_WAVES * ctas and row_blocks * units_per_request >= MIN_UNITS_PER_CTA * ctas

@@ -21,6 +21,18 @@ ATTENTION_CASES = [
 ]
 
 
+EDGE_CASES = [
+    ([5], [1], 16),  # q_len 1
+    ([0, 0], [3, 4], 16),  # no prefix at all
+    ([40, 7, 9], [0, 5, 0], 16),  # requests with no drafts
+    ([131072], [8], 16),  # B = 1, P = 128k
+    ([2000], [64], 128),  # H = 128, n = 64
+]
+
+# (CTAs, splits) for the persistent kernel's tests; splits None: the shape-only count.
+PERSISTENT_SCHEDULES = [(1, 1), (5, 1), (5, 2), (132, None)]
+
+
 def case_id(case):
     prefix, drafts, heads = case
     return f"H{heads}-B{len(prefix)}-n{max(drafts)}-P{max(prefix)}"

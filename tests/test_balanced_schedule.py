@@ -1,11 +1,12 @@
-"""The balanced schedule's plan (pure Python, the reference of the kernel's and the combine's
+"""The persistent kernel's schedule (pure Python, the reference of the kernel's and the combine's
 device formulas), checked on the CPU."""
 
 import random
 
 import pytest
 
-from ddtree_op.balanced_schedule import UNIT_KEYS, plan, slots_of_row_block, use_balanced, work_of_requests
+from ddtree_op.balanced_schedule import (UNIT_KEYS, choose_equal_shares, plan, slots_of_row_block, use_persistent,
+                                         work_of_requests)
 
 
 def random_batch(seed):
@@ -17,58 +18,104 @@ def random_batch(seed):
     for n, prefix in zip(drafts, prefixes):
         qo.append(qo[-1] + n)
         kv.append(kv[-1] + prefix + n)  # a request with no drafts has keys but no row blocks
-    return qo, kv, rng.choice([1, 16, 128]), rng.choice([1, 7, 132])
+    heads, ctas = rng.choice([1, 16, 128]), rng.choice([1, 7, 132])
+    return qo, kv, heads, ctas, rng.choice([1, 1, 2, 5, 40])
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_every_item_once_and_shares_equal(seed):
-    qo, kv, heads, ctas = random_batch(seed)
-    segments = plan(qo, kv, heads, ctas)
-    seen = []
-    for cta_segments in segments:
-        for s in cta_segments:
-            seen += [(s.request, s.block, u) for u in range(s.unit_begin, s.unit_end)]
+def items_in_order(segments):
+    return [(s.request, s.block, u) for s in segments for u in range(s.unit_begin, s.unit_end)]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_every_item_once(seed):
+    qo, kv, heads, ctas, splits = random_batch(seed)
+    equal, segments = plan(qo, kv, heads, ctas, splits)
     want = [(b, j, u) for b, (blocks, units) in enumerate(work_of_requests(qo, kv, heads))
             for j in range(blocks) for u in range(units)]
-    assert seen == want  # every item once, CTAs in order of their shares
-    total = len(want)
-    shares = [sum(s.unit_end - s.unit_begin for s in cta_segments) for cta_segments in segments]
-    if total:
-        used = min(ctas, total)
-        assert all(total // used <= share <= -(-total // used) for share in shares[:used])
-        assert all(share == 0 for share in shares[used:])
+    if equal:  # CTAs in order of their shares
+        assert items_in_order([s for cta in segments for s in cta]) == want
+    else:  # pieces: row blocks in order, each's splits in order
+        pieces = sorted((s for cta in segments for s in cta), key=lambda s: (s.request, s.block, s.unit_begin, s.unit_end))
+        assert items_in_order(pieces) == want
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_cut_row_blocks_have_unique_slots_that_the_combine_finds(seed):
-    qo, kv, heads, ctas = random_batch(seed)
-    segments = plan(qo, kv, heads, ctas)
-    slots_by_block = {}
+@pytest.mark.parametrize("seed", range(60))
+def test_equal_shares_differ_by_at_most_one_unit(seed):
+    qo, kv, heads, ctas, splits = random_batch(seed)
+    equal, segments = plan(qo, kv, heads, ctas, splits)
+    if not equal:
+        pytest.skip("this batch gets the pieces schedule")
+    shares = [sum(s.unit_end - s.unit_begin for s in cta) for cta in segments]
+    used = min(ctas, sum(shares))
+    assert max(shares[:used]) - min(shares[:used]) <= 1 and not any(shares[used:])
     for cta, cta_segments in enumerate(segments):
-        for i, s in enumerate(cta_segments):
-            if s.slot is not None:
-                assert s.slot == 2 * cta + (0 if i == 0 else 1)
-                slots_by_block.setdefault((s.request, s.block), []).append(s.slot)
         assert all(s.slot is None for s in cta_segments[1:-1])  # middle segments are whole row blocks
+        for i, s in enumerate(cta_segments):
+            assert s.slot is None or s.slot == 2 * cta + (0 if i == 0 else 1)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_partial_slots_are_unique_and_the_combine_finds_them(seed):
+    qo, kv, heads, ctas, splits = random_batch(seed)
+    _, segments = plan(qo, kv, heads, ctas, splits)
+    slots_by_block = {}
+    for s in sorted((s for cta in segments for s in cta), key=lambda s: (s.request, s.block, s.unit_begin, s.unit_end)):
+        if s.slot is not None:
+            slots_by_block.setdefault((s.request, s.block), []).append(s.slot)
     all_slots = [slot for slots in slots_by_block.values() for slot in slots]
-    assert len(all_slots) == len(set(all_slots))
+    assert len(all_slots) == len(set(all_slots)) and all(0 <= slot < 2 * ctas for slot in all_slots)
     for b, (blocks, _) in enumerate(work_of_requests(qo, kv, heads)):
         for j in range(blocks):
-            assert slots_of_row_block(qo, kv, heads, ctas, b, j) == slots_by_block.get((b, j), [])
+            assert slots_of_row_block(qo, kv, heads, ctas, splits, b, j) == slots_by_block.get((b, j), [])
+
+
+def test_unequal_requests_get_equal_shares_and_equal_ones_pieces():
+    # 8 requests of one row block each on 8 CTAs: pieces are whole requests.
+    uniform = [(1, 64)] * 8
+    assert not choose_equal_shares(uniform, 8, 1)
+    # One request 6x the others: its CTA would take 6x as long.
+    assert choose_equal_shares([(1, 32)] * 7 + [(1, 192)], 8, 1)
 
 
 def test_long_request_is_shared_by_several_ctas():
-    # Two requests, one 6x the other: with one CTA per row block the long one sets the time.
     qo, kv = [0, 64, 128], [0, 32 * UNIT_KEYS, 32 * UNIT_KEYS + 192 * UNIT_KEYS]  # H = 1: one row block each
-    segments = plan(qo, kv, 1, 4)
+    equal, segments = plan(qo, kv, 1, 4, 1)
+    assert equal
     assert [sum(s.unit_end - s.unit_begin for s in c) for c in segments] == [56, 56, 56, 56]
     assert segments[0][0].slot is None  # the short request whole, by CTA 0
     # The long one: CTA 0's last segment, then the first (and only) segments of CTAs 1, 2, 3.
-    assert slots_of_row_block(qo, kv, 1, 4, 1, 0) == [1, 2, 4, 6]
+    assert slots_of_row_block(qo, kv, 1, 4, 1, 1, 0) == [1, 2, 4, 6]
 
 
-def test_choice_needs_a_large_share_per_cta():
-    # H16_n64_B8_P8192: 128 row blocks of 65 units, 63 units per CTA on 132 SMs.
-    assert use_balanced(8 * 64, 16, 8, 8 * 8256, 132)
-    # H16_n4_B1_P1024: 9 units in all.
-    assert not use_balanced(4, 16, 1, 1028, 132)
+def test_persistent_kernel_for_one_or_two_waves_of_real_work():
+    assert use_persistent(8 * 64, 16, 8, 8 * 8256, 132, 1)  # H16_n64_B8_P8192: 128 row blocks of 65 units
+    assert use_persistent(32 * 4, 128, 32, 32 * 8196, 132, 1)  # H128_n4_B32_P8192: 256 row blocks, 2 waves
+    assert not use_persistent(8 * 64, 128, 8, 8 * 8256, 132, 1)  # H128_n64_B8_P8192: 8 waves
+    assert not use_persistent(4, 16, 1, 1028, 132, 9)  # H16_n4_B1_P1024: 9 units in all
+
+
+def test_gpu_tests_cover_both_plans_and_both_kinds_of_partials():
+    """tests/test_gpu.py runs the persistent kernel on these cases and CTA counts; the device picks
+    the plan from the lengths, so check here that they reach every path of it."""
+    from gpu_cases import ATTENTION_CASES, EDGE_CASES, PERSISTENT_SCHEDULES
+
+    from ddtree_op.schedule import num_kv_splits_whole_tiles
+    from ddtree_op.sm90_attention import CTAS_PER_SM, KEYS_PER_SPLIT, MAX_SPLITS, ROWS_PER_CTA
+
+    seen = set()
+    for prefix, drafts, heads in ATTENTION_CASES + EDGE_CASES:
+        qo, kv = [0], [0]
+        for p, n in zip(prefix, drafts):
+            qo.append(qo[-1] + n)
+            kv.append(kv[-1] + p + n)
+        for ctas, splits in PERSISTENT_SCHEDULES:
+            tokens = qo[-1] + 3  # the GPU tests pad 3 rows
+            splits = splits or num_kv_splits_whole_tiles(tokens, heads, len(prefix), kv[-1], ctas, ROWS_PER_CTA,
+                                                         CTAS_PER_SM, KEYS_PER_SPLIT, MAX_SPLITS)
+            equal, segments = plan(qo, kv, heads, ctas, splits)
+            slots = [s.slot for cta in segments for s in cta if s.slot is not None]
+            seen.add(("equal shares" if equal else "pieces", "partials" if slots else "whole row blocks"))
+            if equal and any(s.slot is not None and s.unit_begin > 0 and len(cta) > 1 for cta in segments for s in cta[:1]):
+                seen.add("a first segment deferred")
+    assert seen == {("equal shares", "partials"), ("equal shares", "whole row blocks"), ("pieces", "partials"),
+                    ("pieces", "whole row blocks"), "a first segment deferred"}

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import needs_cuda, relative_error
-from gpu_cases import ATTENTION_CASES, case_id, make_gpu_case, run_and_reference
+from gpu_cases import ATTENTION_CASES, EDGE_CASES, PERSISTENT_SCHEDULES, case_id, make_gpu_case, run_and_reference
 from ddtree_op import mla_tree_verify, ops
 from ddtree_op.synthetic import encode_tree_mask, make_verify_batch
 from test_prep import INDEX_CASES
@@ -248,7 +248,7 @@ def test_split_partials_keep_accuracy():
         out = torch.full_like(ref_out, float("nan"))
         lse = torch.full_like(ref_lse, float("nan"))
         tree_attention_sm90(vb.q, kv_rows(vb.kv_cache), vb.qo_indptr, verify_indptr, verify_indices, mask_words,
-                            vb.sm_scale, out, lse, num_splits=splits)
+                            vb.sm_scale, out, lse, num_splits=splits, schedule="split")
         assert_matches_reference(out, lse, ref_out, ref_lse)
         errors[splits] = relative_error(out, ref_out)
     assert errors[64] < 1.5 * errors[1] + 2e-4, errors
@@ -262,13 +262,6 @@ def test_device_mismatch_names_argument():
         mla_tree_verify(vb.q, vb.kv_cache, **kwargs)
 
 
-EDGE_CASES = [
-    ([5], [1], 16),  # q_len 1
-    ([0, 0], [3, 4], 16),  # no prefix at all
-    ([40, 7, 9], [0, 5, 0], 16),  # requests with no drafts
-    ([131072], [8], 16),  # B = 1, P = 128k
-    ([2000], [64], 128),  # H = 128, n = 64
-]
 
 
 @pytest.mark.parametrize("backend", cuda_backends())
@@ -296,18 +289,21 @@ def run_sm90(vb, **schedule):
     return out, lse
 
 
-@pytest.mark.parametrize("ctas", [1, 5, 132])
+@pytest.mark.parametrize("ctas,splits", PERSISTENT_SCHEDULES)
 @pytest.mark.parametrize("case", ATTENTION_CASES + EDGE_CASES, ids=case_id)
-def test_balanced_schedule_matches_reference(case, ctas):
-    """The balanced schedule on every shape, whatever the schedule `auto` would pick: 1 CTA walks
-    every row block; 5 cut most of them; 132 (one per SM) leave some CTAs with no work when the
-    batch is small. Padding rows, requests with no drafts and rows that see no key included."""
+def test_persistent_kernel_matches_reference(case, ctas, splits):
+    """The persistent kernel on every shape, whatever `auto` would pick: 1 CTA walks every row
+    block; 5 cut most of them or take several pieces; 132 (one per SM) leave some CTAs idle when
+    the batch is small. Which plan each case gets (pieces or equal shares) is checked on the CPU
+    (tests/test_balanced_schedule.py: both occur). Padding rows, requests with no drafts and rows
+    that see no key included."""
     if "cutlass" not in cuda_backends():
         pytest.skip("the sm_90a kernel needs an sm_90 GPU")
     index = (ATTENTION_CASES + EDGE_CASES).index(case)
-    vb = make_gpu_case(case, "full", torch.bfloat16 if ctas != 5 else torch.float16, seed=100 + index + ctas)
+    dtype = torch.float16 if ctas == 5 else torch.bfloat16
+    vb = make_gpu_case(case, "full", dtype, seed=100 + index + ctas)
     ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
-    assert_matches_reference(*run_sm90(vb, schedule="balanced", ctas=ctas), ref_out, ref_lse)
+    assert_matches_reference(*run_sm90(vb, schedule="persistent", ctas=ctas, num_splits=splits), ref_out, ref_lse)
 
 
 @pytest.mark.parametrize("backend", cuda_backends())

@@ -14,10 +14,10 @@ namespace {
 using ddtree::sm90::VerifyParams;
 using ddtree::sm90::VerifyTraits;
 
-template <class Element>
+template <class Element, bool kPersistent>
 void launch(const VerifyParams& params, dim3 grid, cudaStream_t stream) {
   using Traits = VerifyTraits<Element>;
-  auto kernel = ddtree::sm90::verify_attention_kernel<Traits>;
+  auto kernel = ddtree::sm90::verify_attention_kernel<Traits, kPersistent>;
   const int smem = Traits::kSmemBytes + 1024;  // + alignment slack for the swizzled tiles
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<grid, Traits::kThreads, smem, stream>>>(params);
@@ -28,7 +28,7 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
                          const at::Tensor& verify_indptr, const at::Tensor& verify_indices,
                          const at::Tensor& mask_words, double sm_scale, at::Tensor& out, at::Tensor& lse,
                          at::Tensor& part_out, at::Tensor& part_lse, int64_t num_splits,
-                         int64_t balanced_ctas) {
+                         int64_t persistent_ctas) {
   const c10::cuda::CUDAGuard guard(q.device());
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1, "ddtree_op: 'q' must be [T, H, 576], last dim contiguous");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, "ddtree_op: 'q' must be bf16 or fp16");
@@ -49,10 +49,9 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
               "ddtree_op: 'mask_words' must be int64 [T, W]");
   check_index_tensor(qo_indptr, "qo_indptr");
   TORCH_CHECK(num_splits >= 1, "ddtree_op: num_splits must be >= 1");
-  TORCH_CHECK(balanced_ctas >= 0 && (balanced_ctas == 0 || num_splits == 1),
-              "ddtree_op: balanced_ctas must be >= 0, and num_splits 1 with it");
-  const bool partials = num_splits > 1 || balanced_ctas > 0;
-  const int64_t partial_rows = balanced_ctas > 0 ? 2 * balanced_ctas * 64 : num_splits * q.size(0) * q.size(1);
+  TORCH_CHECK(persistent_ctas >= 0, "ddtree_op: persistent_ctas must be >= 0");
+  const bool partials = num_splits > 1 || persistent_ctas > 0;
+  const int64_t partial_rows = persistent_ctas > 0 ? 2 * persistent_ctas * 64 : num_splits * q.size(0) * q.size(1);
   TORCH_CHECK(!partials || (part_out.scalar_type() == at::kFloat && part_out.is_contiguous() && part_out.numel() >= partial_rows * 512 &&
                             part_lse.scalar_type() == at::kFloat && part_lse.is_contiguous() && part_lse.numel() >= partial_rows),
               "ddtree_op: 'part_out'/'part_lse' must be contiguous float32 with room for ", partial_rows, " partial rows");
@@ -82,18 +81,18 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
   params.heads = static_cast<int>(heads);
   params.batch = static_cast<int>(batch);
   params.num_splits = static_cast<int>(num_splits);
-  params.balanced_ctas = static_cast<int>(balanced_ctas);
   params.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
 
 
   const int row_blocks = static_cast<int>((tokens * heads + 63) / 64);
-  const dim3 grid = balanced_ctas > 0 ? dim3(static_cast<unsigned>(balanced_ctas))
-                                      : dim3(row_blocks + static_cast<int>(batch) + 1, static_cast<unsigned>(num_splits));
   auto stream = c10::cuda::getCurrentCUDAStream();
-  if (q.scalar_type() == at::kBFloat16) {
-    launch<cutlass::bfloat16_t>(params, grid, stream);
+  const bool bf16 = q.scalar_type() == at::kBFloat16;
+  if (persistent_ctas > 0) {
+    const dim3 grid(static_cast<unsigned>(persistent_ctas));
+    bf16 ? launch<cutlass::bfloat16_t, true>(params, grid, stream) : launch<cutlass::half_t, true>(params, grid, stream);
   } else {
-    launch<cutlass::half_t>(params, grid, stream);
+    const dim3 grid(row_blocks + static_cast<int>(batch) + 1, static_cast<unsigned>(num_splits));
+    bf16 ? launch<cutlass::bfloat16_t, false>(params, grid, stream) : launch<cutlass::half_t, false>(params, grid, stream);
   }
 }
 
@@ -103,7 +102,7 @@ TORCH_LIBRARY(ddtree_sm90, m) {
   m.def(
       "tree_attention(Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor verify_indptr, Tensor verify_indices,"
       " Tensor mask_words, float sm_scale, Tensor(a!) out, Tensor(b!) lse, Tensor(c!) part_out,"
-      " Tensor(d!) part_lse, int num_splits, int balanced_ctas) -> ()");
+      " Tensor(d!) part_lse, int num_splits, int persistent_ctas) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ddtree_sm90, CUDA, m) { m.impl("tree_attention", &tree_attention_sm90); }

@@ -1,14 +1,15 @@
 // Tree-masked MLA verify attention for sm_90a: wgmma (HGMMA) for Q K^T and P V, cp.async
 // gather of scattered 576-wide KV rows into swizzled shared memory, online softmax in fp32.
 //
-// Two schedules, both functions of shapes only (grid and launch), the rest found on the device:
-// - split: grid (row blocks + B + 1, key splits). Block x of request b covers packed rows
-//   [64 * (x - first block of b), +64) of that request, row = draft * H + head, and split y the
-//   y-th equal share of its keys; leftover blocks write the padding rows (t >= qo_indptr[B]).
-//   With one split the kernel writes out/lse; with more, fp32 partials that a combine merges by LSE.
-// - balanced: grid (G CTAs). Each CTA takes an equal share of all (row block, 128 keys) items and
-//   walks it as segments, one per row block (balanced_plan.cuh); the row blocks that CTA
-//   boundaries cut go through partials and a combine. Long requests no longer set the time.
+// Two kernels, both with grids that are functions of shapes only (the rest is found on the device):
+// - split (kPersistent = false): grid (row blocks + B + 1, key splits). Block x of request b covers
+//   packed rows [64 * (x - first block of b), +64) of that request, row = draft * H + head, and
+//   split y the y-th equal share of its keys; leftover blocks write the padding rows
+//   (t >= qo_indptr[B]). With one split the kernel writes out/lse; with more, fp32 partials that
+//   a combine merges by LSE.
+// - persistent (kPersistent = true): grid (CTAs), each walking a list of segments (a row block and
+//   a range of its keys) that every CTA plans from the indptrs: the split schedule's pieces, or,
+//   when requests are unequal, equal shares of all the work (balanced_plan.cuh).
 //
 // Per CTA: 2 warpgroups and pairs of 64-key tiles. Warpgroup w computes S = Q K^T (64 x 64
 // over 576) for tile w of the pair only; the two exchange row maxima and P through shared memory
@@ -44,8 +45,8 @@ struct VerifyParams {
   float* part_out;  // [splits, T * H, 512] when splits > 1
   float* part_lse;  // [splits, T * H]
   int num_tokens, heads, batch, num_splits;
-  int balanced_ctas;  // > 0: the balanced schedule (balanced_plan.cuh) over this many CTAs;
-                      // part_out is then [2 * balanced_ctas, 64, 512] and part_lse [2 * balanced_ctas, 64]
+  // Persistent kernel (grid = CTAs): part_out is [2 * CTAs, 64, 512] and part_lse [2 * CTAs, 64],
+  // num_splits the pieces schedule's splits per row block (balanced_plan.cuh).
   float scale_log2;  // sm_scale * log2(e)
 };
 
@@ -55,17 +56,17 @@ __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_size));
 }
 
-// A copy of v that the compiler cannot see through: values derived from it are not hoisted out
-// of the loop that computes it.
-__device__ __forceinline__ int opaque(int v) {
-  int r;
-  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
-  return r;
+// With kOpaque, a copy of v that the compiler cannot see through: values derived from it are not
+// hoisted out of the loop that computes it.
+template <bool kOpaque>
+__device__ __forceinline__ int opaque_if(int v) {
+  if constexpr (kOpaque) asm volatile("mov.b32 %0, %0;" : "+r"(v));
+  return v;
 }
-__device__ __forceinline__ uint8_t* opaque(uint8_t* v) {
-  uint8_t* r;
-  asm volatile("mov.b64 %0, %1;" : "=l"(r) : "l"(v));
-  return r;
+template <bool kOpaque>
+__device__ __forceinline__ uint8_t* opaque_if(uint8_t* v) {
+  if constexpr (kOpaque) asm volatile("mov.b64 %0, %0;" : "+l"(v));
+  return v;
 }
 
 // Two adjacent output columns as one 32-bit word (lower address first).
@@ -168,7 +169,7 @@ __device__ __forceinline__ void store_tile_through_smem(uint8_t* smem, AccO cons
   } while (0)
 #endif
 
-template <class Traits>
+template <class Traits, bool kPersistent>
 __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(const __grid_constant__ VerifyParams p) {
   using Element = typename Traits::Element;
   constexpr int kRows = Traits::kRows, kKeys = Traits::kKeys, kChunks = Traits::kChunksPerRow;
@@ -206,32 +207,35 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   };
 
   // The first segment: a row block of one request and a range of its keys. Split schedule: the
-  // CTA's (block, split) alone. Balanced schedule: the CTA's first items (balanced_plan.cuh).
-  PlanCursor cursor{};
-  if (p.balanced_ctas > 0) {
+  // CTA's (block, split) alone. Persistent schedule: the plan's (balanced_plan.cuh).
+  const PlanInputs plan_inputs{p.qo_indptr, p.verify_indptr, p.heads, kRows, p.batch, static_cast<int>(gridDim.x), p.num_splits};
+  BatchPlan batch_plan{};
+  Segment seg{};
+  if constexpr (kPersistent) {
+    batch_plan = plan_batch(plan_inputs);
     const int64_t padding_begin = p.qo_indptr[p.batch] * p.heads;
     for (int64_t r = padding_begin + int64_t(block) * kRows; r < int64_t(p.num_tokens) * p.heads; r += int64_t(gridDim.x) * kRows) {
       zero_padding_block(r);
     }
-    if (!plan_first_segment(p.qo_indptr, p.verify_indptr, p.heads, kRows, p.batch, block, gridDim.x, cursor)) return;
+    if (!plan_segment(plan_inputs, batch_plan, block, 0, seg)) return;
   } else {
     // Which request owns this block (the batch is small: a linear scan, all from L1/L2).
     int first_block = 0, blocks_before = 0;
-    cursor.request = -1;
+    seg.request = -1;
     for (int b = 0; b < p.batch; ++b) {
       const int rows = static_cast<int>(p.qo_indptr[b + 1] - p.qo_indptr[b]) * p.heads;
       const int blocks = (rows + kRows - 1) / kRows;
-      if (cursor.request < 0 && block < blocks_before + blocks) {
-        cursor.request = b;
+      if (seg.request < 0 && block < blocks_before + blocks) {
+        seg.request = b;
         first_block = blocks_before;
       }
       blocks_before += blocks;
     }
-    if (cursor.request < 0) {  // padding rows (split 0 only)
+    if (seg.request < 0) {  // padding rows (split 0 only)
       if (split == 0) zero_padding_block(p.qo_indptr[p.batch] * p.heads + int64_t(block - blocks_before) * kRows);
       return;
     }
-    cursor.block = block - first_block;
+    seg.block = block - first_block;
   }
   DDTREE_PHASE(1);
 
@@ -248,12 +252,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   __syncthreads();
 
   int pairs_done = 0;  // pairs of earlier segments: every barrier completed one phase per pair
-  for (;;) {
-    // The body's thread and shared-memory addresses derive from copies the compiler cannot see
-    // through (opaque), so it recomputes them per segment instead of hoisting them out of this loop
-    // and holding them live across it (that spilled 1.6 KB a thread; 80 B without the loop).
-    const int tid = opaque(static_cast<int>(threadIdx.x));  // shadows the one above on purpose
-    uint8_t* const smem = opaque(smem_base);
+  for (int segment = 0;; ++segment) {
+    // In the persistent kernel, the body's thread and shared-memory addresses derive from copies
+    // the compiler cannot see through (opaque), so it recomputes them per segment instead of
+    // hoisting them out of this loop and holding them live across it (that spilled 1.6 KB a thread).
+    const int tid = opaque_if<kPersistent>(static_cast<int>(threadIdx.x));  // shadows the one above on purpose
+    uint8_t* const smem = opaque_if<kPersistent>(smem_base);
     const int warpgroup = tid / 128;
     const int wg_thread = tid % 128;
     Element* smem_q = reinterpret_cast<Element*>(smem);
@@ -263,26 +267,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     uint64_t* empty_barrier = full_barrier + Traits::kStages;
     float* row_exchange = reinterpret_cast<float*>(empty_barrier + Traits::kStages);  // [warpgroup][row]
 
-    const int request = cursor.request;
+    const int request = seg.request;
     const int64_t q_lo = p.qo_indptr[request];
     const int num_draft = static_cast<int>(p.qo_indptr[request + 1] - q_lo);
     const int kv_lo = p.verify_indptr[request];
     const int kv_len = p.verify_indptr[request + 1] - kv_lo;
     const int prefix_len = kv_len - num_draft;
     const int num_rows = num_draft * p.heads;
-    const int row0 = cursor.block * kRows;
+    const int row0 = seg.block * kRows;
 
     // Key range and destination: out/lse, or the fp32 partial rows (one row block's rows are consecutive).
     int kv_begin, kv_end;
     float* part_rows = nullptr;
     float* part_lse_rows = nullptr;
-    if (p.balanced_ctas > 0) {
-      kv_begin = cursor.unit_begin * kUnitKeys;
-      kv_end = min(kv_len, cursor.unit_end * kUnitKeys);
-      if (cursor.unit_begin > 0 || cursor.unit_end < cursor.work.units) {
-        const int slot = 2 * block + (cursor.first ? 0 : 1);
-        part_rows = p.part_out + int64_t(slot) * kRows * kLatent;
-        part_lse_rows = p.part_lse + int64_t(slot) * kRows;
+    if constexpr (kPersistent) {
+      kv_begin = seg.unit_begin * kUnitKeys;
+      kv_end = min(kv_len, seg.unit_end * kUnitKeys);
+      if (seg.slot >= 0) {
+        part_rows = p.part_out + int64_t(seg.slot) * kRows * kLatent;
+        part_lse_rows = p.part_lse + int64_t(seg.slot) * kRows;
       }
     } else {
       const int per_split = (kv_len + p.num_splits - 1) / p.num_splits;
@@ -541,9 +544,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
           });
     }
     DDTREE_PHASE(9);
-    pairs_done += (num_tiles + 1) / 2;
-    if (p.balanced_ctas == 0 || !plan_next_segment(p.qo_indptr, p.verify_indptr, p.heads, kRows, cursor)) break;
-    __syncthreads();  // the epilogue's reads of shared memory come before the next segment's copies
+    if constexpr (!kPersistent) {
+      break;
+    } else {
+      pairs_done += (num_tiles + 1) / 2;
+      if (!plan_segment(plan_inputs, batch_plan, block, segment + 1, seg)) break;
+      __syncthreads();  // the epilogue's reads of shared memory come before the next segment's copies
+    }
   }
 #ifdef DDTREE_PHASE_CLOCKS
   if (tid == 0 && blockIdx.x == 0 && split % 8 == 0) {
