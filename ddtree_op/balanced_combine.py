@@ -1,9 +1,9 @@
 """Merges the partials of the persistent kernel's row blocks (balanced_schedule.py).
 
-Program (k, r) makes the same choice as the kernel and then merges row r of at most one row
-block: with equal shares, the row block that CTA k's share begins in, if that boundary cuts it
+Program (k, g) makes the same choice as the kernel and then merges rows [4 g, 4 g + 4) of at
+most one row block: with equal shares, the row block that CTA k's share begins in, if that boundary cuts it
 and is its first cut; with pieces, row block k, if it has more than one split. Every other
-program does nothing. The grid is (CTAs, 64), a function of the GPU only.
+program does nothing. The grid is (CTAs, 16), a function of the GPU only.
 """
 
 from __future__ import annotations
@@ -14,21 +14,24 @@ import triton.language as tl
 from .balanced_schedule import CUT_COST_UNITS, ROWS_PER_BLOCK, UNIT_KEYS
 
 D_LATENT = 512
-# Partial slots loaded at once: equal shares rarely cut a row block more than 3 times; pieces
-# have `splits` slots each, up to MAX_SLOT_BLOCK per round trip ([16, 512] fp32: 64 per thread).
-MIN_SLOT_BLOCK = 4
-MAX_SLOT_BLOCK = 16
+# A program merges 4 rows from 4 slots per memory round trip ([4, 4, 512] fp32: 32 per thread of
+# 8 warps): equal shares rarely cut a row block more than 3 times. (64 programs per row block of
+# one row and up to 16 slots each took 15-25 us even when no row block needed merging: their
+# registers left room for few programs per SM.)
+SLOT_BLOCK = 4
+ROWS_PER_PROGRAM = 4
 
 
 @triton.jit
 def _combine_persistent_kernel(
     part_out_ptr, part_lse_ptr, qo_indptr_ptr, verify_indptr_ptr, batch, splits,
     out_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh, num_ctas,
-    HEADS: tl.constexpr, BATCH_POW2: tl.constexpr, SLOT_BLOCK: tl.constexpr, CUT_COST: tl.constexpr,
+    HEADS: tl.constexpr, BATCH_POW2: tl.constexpr, SLOT_BLOCK: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr,
+    CUT_COST: tl.constexpr,
     ROWS: tl.constexpr, UNIT: tl.constexpr, D: tl.constexpr,
 ):
     k = tl.program_id(0)
-    r = tl.program_id(1)
+    g = tl.program_id(1)
     req = tl.arange(0, BATCH_POW2)
     real = req < batch
     qo_lo = tl.load(qo_indptr_ptr + req, mask=real, other=0).to(tl.int64)
@@ -65,46 +68,50 @@ def _combine_persistent_kernel(
     pieces_here = pieces & (splits > 1) & (k < all_blocks)
 
     b = tl.where(equal, b_eq, b_pc)
-    row = tl.where(equal, (x - before) // u, block_pc) * ROWS + r
-    if (cut_here | pieces_here) & (row < tl.sum(tl.where(req == b, rows, 0), 0)):
+    rr = g * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)  # rows of the row block
+    row = tl.where(equal, (x - before) // u, block_pc) * ROWS + rr  # rows of the request
+    row_ok = row < tl.sum(tl.where(req == b, rows, 0), 0)
+    if (cut_here | pieces_here) & (tl.sum(row_ok.to(tl.int32), 0) > 0):
         count = tl.where(equal, i1 - i0 + 1, splits)
         d = tl.arange(0, D)
-        m_run = tl.max(tl.full([SLOT_BLOCK], float("-inf"), tl.float32), 0)
-        total_weight = tl.sum(tl.zeros([SLOT_BLOCK], tl.float32), 0)
-        acc = tl.zeros([D], tl.float32)
+        m_run = tl.full([ROWS_PER_PROGRAM], float("-inf"), tl.float32)
+        total_weight = tl.zeros([ROWS_PER_PROGRAM], tl.float32)
+        acc = tl.zeros([ROWS_PER_PROGRAM, D], tl.float32)
         # The LSEs and partials of a block of slots are loaded together (one memory round trip),
-        # merged into a running maximum.
+        # merged into a running maximum per row.
         for c0 in range(0, count, SLOT_BLOCK):
             kk = c0 + tl.arange(0, SLOT_BLOCK)
-            valid = kk < count
             slot = tl.where(equal, tl.where(kk == 0, first_slot, 2 * (i0 + kk)), k * splits + kk)
-            lse_k = tl.load(part_lse_ptr + slot * ROWS + r, mask=valid, other=float("-inf"))
-            part = tl.load(part_out_ptr + (slot * ROWS + r)[:, None] * D + d[None, :], mask=valid[:, None], other=0.0)
+            ok = (kk < count)[:, None] & row_ok[None, :]  # [slots, rows]
+            at = slot[:, None] * ROWS + rr[None, :]
+            lse_k = tl.load(part_lse_ptr + at, mask=ok, other=float("-inf"))
+            part = tl.load(part_out_ptr + at[:, :, None] * D + d[None, None, :], mask=ok[:, :, None], other=0.0)
             m_new = tl.maximum(m_run, tl.max(lse_k, 0))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             scale = tl.exp(m_run - m_safe)
-            weight = tl.exp(lse_k - m_safe)  # 0 for a slot that saw no key; its bytes are not trusted
-            acc = acc * scale + tl.sum(tl.where((weight > 0)[:, None], weight[:, None] * part, 0.0), 0)
+            weight = tl.exp(lse_k - m_safe[None, :])  # 0 for a slot that saw no key; its bytes are not trusted
+            acc = acc * scale[:, None] + tl.sum(tl.where((weight > 0)[:, :, None], weight[:, :, None] * part, 0.0), 0)
             total_weight = total_weight * scale + tl.sum(weight, 0)
             m_run = m_new
         saw_any = total_weight > 0.0
-        o = acc / tl.where(saw_any, total_weight, 1.0)
+        o = acc / tl.where(saw_any, total_weight, 1.0)[:, None]
         m_final = tl.where(m_run == float("-inf"), 0.0, m_run)
         t = tl.sum(tl.where(req == b, qo_lo, 0), 0) + row // HEADS
         h = row % HEADS
-        tl.store(out_ptr + t * stride_ot + h * stride_oh + d, o.to(out_ptr.dtype.element_ty))
+        tl.store(out_ptr + t[:, None] * stride_ot + h[:, None] * stride_oh + d[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
         tl.store(lse_ptr + t * stride_lt + h * stride_lh,
-                 tl.where(saw_any, m_final + tl.log(tl.where(saw_any, total_weight, 1.0)), float("-inf")))
+                 tl.where(saw_any, m_final + tl.log(tl.where(saw_any, total_weight, 1.0)), float("-inf")), mask=row_ok)
 
 
 def combine_persistent(part_out, part_lse, qo_indptr, verify_indptr, out, lse, ctas: int, splits: int):
     """out/lse of the row blocks that the persistent kernel over `ctas` CTAs (pieces schedule:
     `splits` per row block) wrote as partials ([2 ctas, 64, 512] and [2 ctas, 64] float32)."""
     batch = qo_indptr.numel() - 1
-    _combine_persistent_kernel[(ctas, ROWS_PER_BLOCK)](
+    _combine_persistent_kernel[(ctas, ROWS_PER_BLOCK // ROWS_PER_PROGRAM)](
         part_out, part_lse, qo_indptr, verify_indptr, batch, splits,
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1), ctas,
         HEADS=out.shape[1], BATCH_POW2=triton.next_power_of_2(max(batch, 1)),
-        SLOT_BLOCK=min(MAX_SLOT_BLOCK, triton.next_power_of_2(max(splits, MIN_SLOT_BLOCK))), CUT_COST=CUT_COST_UNITS,
-        ROWS=ROWS_PER_BLOCK, UNIT=UNIT_KEYS, D=D_LATENT, num_warps=4,
+        SLOT_BLOCK=SLOT_BLOCK, ROWS_PER_PROGRAM=ROWS_PER_PROGRAM, CUT_COST=CUT_COST_UNITS,
+        ROWS=ROWS_PER_BLOCK, UNIT=UNIT_KEYS, D=D_LATENT, num_warps=8,
     )

@@ -25,10 +25,14 @@ UNIT_KEYS = 128
 # epilogue (~1.6 units each), the combine, and cache misses of CTAs that are no longer in step.
 # Measured at 3-8 on uniform batches (bench/results/2026-11-30_H200x2_3706ac2/schedules.log).
 CUT_COST_UNITS = 8
-# The persistent kernel is used where one or two waves of the split schedule would leave the GPU
-# idle behind the longest request; with more waves the hardware's CTA scheduler balances well.
+# The persistent kernel is used where the split schedule has one CTA per row block (splits = 1),
+# in one or two waves: there the longest request sets the time. With more waves the hardware's
+# CTA scheduler balances well, and with splits its pieces are already short. It also needs
+# large shares: below 30 units per CTA the cuts cost more than balancing saves, and on equal
+# requests (pieces) it runs 5-8% behind the split kernel (measured:
+# bench/results/2026-11-30_H200x2_e05d096/schedules.log).
 MAX_WAVES = 2
-MIN_UNITS_PER_CTA = 2  # below this every CTA does about one unit either way: the split kernel
+MIN_UNITS_PER_CTA = 30
 
 
 def work_of_requests(qo_indptr: list[int], verify_indptr: list[int], heads: int) -> list[tuple[int, int]]:
@@ -121,7 +125,8 @@ def slots_of_row_block(qo_indptr: list[int], verify_indptr: list[int], heads: in
 
 def use_persistent(num_tokens: int, heads: int, batch: int, num_keys_bound: int, ctas: int, splits: int) -> bool:
     """Shape-only choice of the persistent kernel (estimated with every request at the mean length):
-    at most MAX_WAVES waves of split pieces and at least MIN_UNITS_PER_CTA units per CTA."""
+    more than one request (one cannot be unequal), one split per row block, at most MAX_WAVES waves
+    of them, and at least MIN_UNITS_PER_CTA units per CTA."""
     row_blocks = -(-num_tokens * heads // ROWS_PER_BLOCK)
     units_per_request = -(-num_keys_bound // (UNIT_KEYS * max(batch, 1)))
-    return row_blocks * splits <= MAX_WAVES * ctas and row_blocks * units_per_request >= MIN_UNITS_PER_CTA * ctas
+    return batch > 1 and splits == 1 and row_blocks <= MAX_WAVES * ctas and row_blocks * units_per_request >= MIN_UNITS_PER_CTA * ctas

@@ -87,11 +87,14 @@ def test_long_request_is_shared_by_several_ctas():
     assert slots_of_row_block(qo, kv, 1, 4, 1, 1, 0) == [1, 2, 4, 6]
 
 
-def test_persistent_kernel_for_one_or_two_waves_of_real_work():
+def test_persistent_kernel_for_one_or_two_waves_of_large_shares():
     assert use_persistent(8 * 64, 16, 8, 8 * 8256, 132, 1)  # H16_n64_B8_P8192: 128 row blocks of 65 units
     assert use_persistent(32 * 4, 128, 32, 32 * 8196, 132, 1)  # H128_n4_B32_P8192: 256 row blocks, 2 waves
     assert not use_persistent(8 * 64, 128, 8, 8 * 8256, 132, 1)  # H128_n64_B8_P8192: 8 waves
+    assert not use_persistent(32 * 4, 128, 32, 32 * 1028, 132, 1)  # H128_n4_B32_P1024: 17.5 units per CTA
+    assert not use_persistent(32 * 4, 16, 32, 32 * 8196, 132, 4)  # H16_n4_B32_P8192: 4 splits per row block
     assert not use_persistent(4, 16, 1, 1028, 132, 9)  # H16_n4_B1_P1024: 9 units in all
+    assert not use_persistent(64, 128, 1, 8256, 132, 1)  # H128_n64_B1_P8192: one request is never unequal
 
 
 def test_gpu_tests_cover_both_plans_and_both_kinds_of_partials():

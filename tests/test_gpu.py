@@ -182,6 +182,15 @@ def test_verify_step_replays_in_cuda_graph(backend):
         assert_matches_reference(out, lse, ref_out, ref_lse)
 
 
+def test_persistent_kernel_replays_in_cuda_graph(monkeypatch):
+    """One captured step, replayed with batches for which the device plans equal shares (unequal
+    requests) and pieces (equal ones): the plan changes with the lengths, not the graph."""
+    if "cutlass" not in cuda_backends():
+        pytest.skip("the sm_90a kernel needs an sm_90 GPU")
+    monkeypatch.setattr("ddtree_op.sm90_attention.use_persistent", lambda *args: True)
+    test_verify_step_replays_in_cuda_graph("cutlass")
+
+
 def test_reduce_overhead_is_cudagraphed_and_correct():
     from torch._dynamo.utils import counters
 
