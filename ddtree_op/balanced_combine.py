@@ -1,9 +1,9 @@
 """Merges the partials of the persistent kernel's row blocks (balanced_schedule.py).
 
 Program (k, g) makes the same choice as the kernel and then merges rows [4 g, 4 g + 4) of at
-most one row block: with equal shares, the row block that CTA k's share begins in, if that boundary cuts it
-and is its first cut; with pieces, row block k, if it has more than one split. Every other
-program does nothing. The grid is (CTAs, 16), a function of the GPU only.
+most one row block: with equal shares, the row block that CTA k's share begins in, if that
+boundary cuts it and is its first cut; with pieces, row block k, if it has more than one split.
+Every other program does nothing. The grid is (CTAs, 16), a function of the GPU only.
 """
 
 from __future__ import annotations
