@@ -13,7 +13,7 @@ from itertools import accumulate
 import ddtree_op.sm90_attention as sm90_attention
 from bench.cases import all_cases
 from bench.verify import Inputs, input_set_count, time_graph
-from ddtree_op.balanced_schedule import ROWS_PER_BLOCK, UNIT_KEYS, plan, use_persistent
+from ddtree_op.balanced_schedule import plan, row_blocks_and_units, use_persistent
 from ddtree_op.schedule import num_kv_splits_whole_tiles, sm_count
 
 
@@ -25,7 +25,7 @@ def describe(case, ctas: int) -> str:
     qo = [0, *accumulate(case.draft_lens)]
     kv = [0, *accumulate(p + n for p, n in zip(case.prefix_lens, case.draft_lens))]
     equal, _ = plan(qo, kv, case.heads, ctas, splits)
-    units = -(-tokens * case.heads // ROWS_PER_BLOCK) * -(-keys // (UNIT_KEYS * case.batch)) / ctas
+    units = row_blocks_and_units(tokens, case.heads, case.batch, keys)[1] / ctas
     auto = "persistent" if use_persistent(tokens, case.heads, case.batch, keys, ctas, splits) else "split"
     return f"units/CTA {units:6.1f} splits {splits:3d} plan {'equal' if equal else 'pieces'} auto {auto:10s}"
 

@@ -123,10 +123,15 @@ def slots_of_row_block(qo_indptr: list[int], verify_indptr: list[int], heads: in
     return [2 * i0 + (0 if i0 * total // used == first else 1)] + [2 * i for i in range(i0 + 1, i1 + 1)]
 
 
-def use_persistent(num_tokens: int, heads: int, batch: int, num_keys_bound: int, ctas: int, splits: int) -> bool:
-    """Shape-only choice of the persistent kernel (estimated with every request at the mean length):
-    more than one request (one cannot be unequal), one split per row block, at most MAX_WAVES waves
-    of them, and at least MIN_UNITS_PER_CTA units per CTA."""
+def row_blocks_and_units(num_tokens: int, heads: int, batch: int, num_keys_bound: int) -> tuple[int, int]:
+    """From shapes: the row blocks, and the units of all the work with every request at the mean length."""
     row_blocks = -(-num_tokens * heads // ROWS_PER_BLOCK)
-    units_per_request = -(-num_keys_bound // (UNIT_KEYS * max(batch, 1)))
-    return batch > 1 and splits == 1 and row_blocks <= MAX_WAVES * ctas and row_blocks * units_per_request >= MIN_UNITS_PER_CTA * ctas
+    return row_blocks, row_blocks * -(-num_keys_bound // (UNIT_KEYS * max(batch, 1)))
+
+
+def use_persistent(num_tokens: int, heads: int, batch: int, num_keys_bound: int, ctas: int, splits: int) -> bool:
+    """Shape-only choice of the persistent kernel: more than one request (one cannot be unequal),
+    one split per row block, at most MAX_WAVES waves of them, and at least MIN_UNITS_PER_CTA units
+    per CTA."""
+    row_blocks, units = row_blocks_and_units(num_tokens, heads, batch, num_keys_bound)
+    return batch > 1 and splits == 1 and row_blocks <= MAX_WAVES * ctas and units >= MIN_UNITS_PER_CTA * ctas

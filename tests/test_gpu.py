@@ -241,23 +241,11 @@ def test_split_partials_keep_accuracy():
     values a split's partial is larger than the merged output, so its rounding error is too."""
     if "cutlass" not in cuda_backends():
         pytest.skip("the sm_90a kernel needs an sm_90 GPU")
-    from ddtree_op.api import mask_words_per_row
-    from ddtree_op.checks import kv_rows
-    from ddtree_op.sm90_attention import tree_attention_sm90
-
     vb = make_verify_batch([8192, 3000], [16, 16], 16, device="cuda", pad_rows=2, seed=7)
     ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
-    rows = vb.q.shape[0]
-    words = mask_words_per_row(vb.tree_mask, vb.mask_layout, rows, None)
-    verify_indptr, verify_indices, mask_words = ops.prepare_verify(
-        vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, vb.mask_layout, rows, words
-    )
     errors = {}
     for splits in (1, 64):
-        out = torch.full_like(ref_out, float("nan"))
-        lse = torch.full_like(ref_lse, float("nan"))
-        tree_attention_sm90(vb.q, kv_rows(vb.kv_cache), vb.qo_indptr, verify_indptr, verify_indices, mask_words,
-                            vb.sm_scale, out, lse, num_splits=splits, schedule="split")
+        out, lse = run_sm90(vb, num_splits=splits, schedule="split")
         assert_matches_reference(out, lse, ref_out, ref_lse)
         errors[splits] = relative_error(out, ref_out)
     assert errors[64] < 1.5 * errors[1] + 2e-4, errors
