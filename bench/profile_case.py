@@ -34,7 +34,7 @@ def kernel_times(launches, replays: int = 20) -> None:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("case", help="a case name from bench/cases.py")
-    parser.add_argument("--backend", default="cutlass")
+    parser.add_argument("--backend", default="sm90")
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--kernels", action="store_true", help="print per-kernel GPU time inside graph replays")
     parser.add_argument("--sets", type=int, default=8, help="input sets rotated in the graph (--kernels)")

@@ -1,4 +1,4 @@
-"""Times named cases for the cutlass backend, for quick A/B runs of kernel variants:
+"""Times named cases for the sm90 backend, for quick A/B runs of kernel variants:
 
   PYTHONPATH=$PWD python3 bench/time_cases.py H16_n4_B8_P1024,H128_n64_B8_P8192 LABEL
 
@@ -18,7 +18,7 @@ def main(names: list[str], label: str):
         if case.name not in names:
             continue
         inputs = [Inputs(case, seed) for seed in range(input_set_count(case))]
-        seconds = time_graph([i.attention("cutlass") for i in inputs])
+        seconds = time_graph([i.attention("sm90") for i in inputs])
         print(f"{label:28s} {case.name:24s} {seconds * 1e6:9.1f} us", flush=True)
 
 

@@ -6,7 +6,7 @@
 import torch
 
 from bench.verify import time_graph
-from ddtree_op.triton_attention import combine_splits
+from ddtree_op.backends.lse_merge import combine_splits
 
 HEADS = 16
 

@@ -1,5 +1,5 @@
 """Times the sm_90a split and persistent kernels on the same inputs, for choosing between them
-(ddtree_op/balanced_schedule.py):
+(ddtree_op/backends/sm90/persistent_schedule.py):
 
   PYTHONPATH=$PWD python3 bench/time_schedules.py ragged,grid      # tags of bench/cases.py, case names, or all
 
@@ -10,18 +10,18 @@ device code picks for the case's lengths (pieces or equal shares). Same timing a
 import sys
 from itertools import accumulate
 
-import ddtree_op.sm90_attention as sm90_attention
+import ddtree_op.backends.sm90.attention as sm90_attention
 from bench.cases import all_cases
 from bench.verify import Inputs, input_set_count, time_graph
-from ddtree_op.balanced_schedule import plan, row_blocks_and_units, use_persistent
-from ddtree_op.schedule import num_kv_splits_whole_tiles, sm_count
+from ddtree_op.backends.sm90.persistent_schedule import plan, row_blocks_and_units, use_persistent
+from ddtree_op.backends.sm90.schedule import sm90_splits
+from ddtree_op.backends.splits import sm_count
 
 
 def describe(case, ctas: int) -> str:
     tokens = sum(case.draft_lens)
     keys = sum(p + n for p, n in zip(case.prefix_lens, case.draft_lens))
-    splits = num_kv_splits_whole_tiles(tokens, case.heads, case.batch, keys, ctas, sm90_attention.ROWS_PER_CTA,
-                                       sm90_attention.CTAS_PER_SM, sm90_attention.KEYS_PER_SPLIT, sm90_attention.MAX_SPLITS)
+    splits = sm90_splits(tokens, case.heads, case.batch, keys, ctas)
     qo = [0, *accumulate(case.draft_lens)]
     kv = [0, *accumulate(p + n for p, n in zip(case.prefix_lens, case.draft_lens))]
     equal, _ = plan(qo, kv, case.heads, ctas, splits)
@@ -40,7 +40,7 @@ def main(selection: list[str]):
         try:
             for kernel in ("split", "persistent"):
                 sm90_attention.use_persistent = lambda *args, kernel=kernel: kernel == "persistent"
-                times[kernel] = time_graph([i.attention("cutlass") for i in inputs]) * 1e6
+                times[kernel] = time_graph([i.attention("sm90") for i in inputs]) * 1e6
         finally:
             sm90_attention.use_persistent = chooser
         print(f"{case.name:28s} {describe(case, sm_count(inputs[0].out.device))}  split {times['split']:8.1f} us  "

@@ -4,7 +4,7 @@ import torch
 
 from ddtree_op import ops
 from ddtree_op.synthetic import make_verify_batch
-from ddtree_op.triton_attention import tree_attention_triton
+from ddtree_op.backends.triton.attention import tree_attention_triton
 
 CONFIGS = [(64, 32, 8, 1, 1), (64, 64, 8, 1, 1), (64, 64, 8, 1, 2), (64, 32, 4, 1, 2), (32, 64, 4, 1, 1), (64, 32, 8, 2, 1)]
 

@@ -8,8 +8,7 @@ import torch
 
 from . import ops
 from .checks import check_verify_inputs, check_verify_shapes, kv_rows
-from .prep import PACKED_MASK_BITS
-from .reference import LATENT_DIM
+from .contract import LATENT_DIM, PACKED_MASK_BITS
 
 
 def _eager_checks_enabled() -> bool:
@@ -53,8 +52,9 @@ def mla_tree_verify(
     drafts `out_cache_loc[qo_indptr[b]:qo_indptr[b+1]]`; V is the first 512 columns of each key row.
     tree_mask follows `mask_layout` ("full", "qlen" or "packed"; see README). `max_draft_len`
     (optional, static) bounds the drafts of one request and sizes the compact mask; without it
-    the bound is T_pad (or the packed dtype's width). `backend` is "auto", "triton", "cutlass"
-    or "reference" ("auto" picks the fastest kernel for the device; CPU always runs the reference).
+    the bound is T_pad (or the packed dtype's width). `backend` is "auto", "triton", "sm90"
+    or "reference" ("auto" picks the fastest kernel for the device; CPU always runs the reference;
+    "cutlass" is a deprecated name of "sm90").
 
     Returns (out [T_pad, H, 512] dtype of q, lse [T_pad, H] float32), written into `out`/`lse`
     when given. Rows past qo_indptr[B] get out 0 and lse -inf.

@@ -11,8 +11,7 @@ import math
 
 import torch
 
-from .prep import MASK_LAYOUTS, PACKED_MASK_BITS
-from .reference import LATENT_DIM, QK_DIM
+from .contract import LATENT_DIM, MASK_LAYOUTS, PACKED_MASK_BITS, QK_DIM
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 ATTENTION_DTYPES = (torch.bfloat16, torch.float16)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .reference import LATENT_DIM
+from .contract import LATENT_DIM
 
 
 def build_verify_indices_fake(qo_indptr, kv_indptr, kv_indices, out_cache_loc):

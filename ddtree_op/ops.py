@@ -1,7 +1,7 @@
 """The custom ops in `torch.ops.ddtree`: schemas, CPU/CUDA implementations, fake implementations.
 
 Schemas are defined from Python so that the ops, their CPU reference and their fakes exist on a
-CPU-only install with no compiled library. CUDA kernels are chosen in `backends.py`.
+CPU-only install with no compiled library. Backends are chosen in `backends/__init__.py`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import backends, build, meta, prep
-from .reference import LATENT_DIM
+from .contract import LATENT_DIM
 
 _lib = torch.library.Library("ddtree", "DEF")  # module-level: the ops live as long as this
 

@@ -11,17 +11,8 @@ from __future__ import annotations
 
 import torch
 
-MASK_LAYOUTS = ("full", "qlen", "packed")
+from .contract import MASK_LAYOUTS, PACKED_MASK_BITS
 
-# Widest draft count each packed dtype can describe (one bit per draft column).
-PACKED_MASK_BITS = {
-    torch.uint8: 8,
-    torch.int16: 16,
-    torch.uint16: 16,
-    torch.int32: 32,
-    torch.uint32: 32,
-    torch.int64: 64,
-}
 # Signed dtype of the same width, so the raw bits can be read with ops every backend has.
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32}
 

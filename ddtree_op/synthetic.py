@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .prep import PACKED_MASK_BITS
-from .reference import QK_DIM
+from .contract import PACKED_MASK_BITS, QK_DIM
 
 DEEPSEEK_V3_SM_SCALE = 0.1352  # softmax scale of DeepSeek-V3's absorbed MLA (with YaRN mscale)
 

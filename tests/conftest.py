@@ -3,6 +3,17 @@ import torch
 
 import ddtree_op  # noqa: F401  (registers the ops)
 
+@pytest.fixture
+def fresh_dispatch():
+    """Forgets the backend choices and the environment read for them, before the test and after;
+    the test calls it again after changing the environment."""
+    from ddtree_op.backends import reset_dispatch_cache
+
+    reset_dispatch_cache()
+    yield reset_dispatch_cache
+    reset_dispatch_cache()
+
+
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CPU-only machine: GPU tests skipped)")
 
 

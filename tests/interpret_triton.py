@@ -12,9 +12,10 @@ import torch  # noqa: E402
 from ddtree_op import ops  # noqa: E402
 from ddtree_op.api import mask_words_per_row  # noqa: E402
 from ddtree_op.synthetic import make_verify_batch  # noqa: E402
-from ddtree_op.balanced_combine import combine_persistent  # noqa: E402
-from ddtree_op.balanced_schedule import plan  # noqa: E402
-from ddtree_op.triton_attention import combine_splits, tree_attention_triton  # noqa: E402
+from ddtree_op.backends.lse_merge import combine_splits  # noqa: E402
+from ddtree_op.backends.sm90.persistent_combine import combine_persistent  # noqa: E402
+from ddtree_op.backends.sm90.persistent_schedule import plan  # noqa: E402
+from ddtree_op.backends.triton.attention import tree_attention_triton  # noqa: E402
 
 # (prefix lengths, draft lengths, heads, splits, dv_parts)
 CASES = [([5, 0, 70], [3, 4, 0], 4, 1, 1), ([40, 3, 9], [3, 4, 5], 2, 3, 1), ([0, 1], [2, 1], 16, 2, 2), ([33], [9], 3, 1, 2),

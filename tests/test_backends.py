@@ -1,10 +1,12 @@
 """Backend choice: the layouts the sm_90a kernel takes (16-byte aligned rows) and "auto" without the
 CUTLASS headers, checked on the CPU."""
 
+import warnings
+
 import pytest
 import torch
 
-from ddtree_op.backends import sm90_accepts
+from ddtree_op.backends.sm90 import sm90_accepts
 
 
 def _bf16(*shape):
@@ -26,16 +28,37 @@ def test_sm90_accepts_aligned_rows_only():
     assert not sm90_accepts(q, kv, _bf16(4, 2, 514)[..., 2:])  # out rows only 4-byte aligned
 
 
-def test_auto_uses_triton_where_the_cutlass_headers_are_missing(monkeypatch):
+def test_auto_uses_triton_where_the_cutlass_headers_are_missing(monkeypatch, fresh_dispatch):
     from ddtree_op import backends, build
 
     monkeypatch.setattr(backends, "sm90_kernel_available", lambda device: True)
     monkeypatch.setattr(build, "cutlass_headers_available", lambda: True)
-    assert backends.auto_cuda_backend(torch.device("cuda")) == "cutlass"
+    assert backends.auto_cuda_backend(torch.device("cuda")) == "sm90"
     monkeypatch.setattr(build, "cutlass_headers_available", lambda: False)
-    backends._warn_no_cutlass_headers.cache_clear()
     with pytest.warns(UserWarning, match="nvidia-cutlass"):
         assert backends.auto_cuda_backend(torch.device("cuda")) == "triton"
     monkeypatch.setenv(backends.DISABLE_SM90_ENV, "1")
     monkeypatch.setattr(build, "cutlass_headers_available", lambda: True)
+    fresh_dispatch()  # the environment is read once per process
     assert backends.auto_cuda_backend(torch.device("cuda")) == "triton"
+
+
+def test_cutlass_is_a_deprecated_name_of_sm90(fresh_dispatch):
+    from ddtree_op import backends
+
+    with pytest.warns(FutureWarning, match="'cutlass' is deprecated"):
+        assert backends.canonical_backend("cutlass") == "sm90"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert backends.canonical_backend("cutlass") == "sm90"  # once per process
+
+
+def test_cpu_runs_the_reference_for_auto_and_reference_only():
+    from ddtree_op import backends
+
+    cpu = backends.InputClass(torch.bfloat16, True)
+    assert backends.choose(torch.device("cpu"), "auto", cpu).name == "reference"
+    assert backends.choose(torch.device("cpu"), "reference", cpu).name == "reference"
+    for name in ("triton", "sm90"):
+        with pytest.raises(RuntimeError, match=f"'{name}' needs CUDA tensors"):
+            backends.choose(torch.device("cpu"), name, cpu)

@@ -19,7 +19,7 @@ def cuda_backends():
     from ddtree_op.backends import sm90_kernel_available
 
     enabled = torch.cuda.is_available() and sm90_kernel_available(torch.device("cuda"))
-    return ["triton"] + (["cutlass"] if enabled else [])
+    return ["triton"] + (["sm90"] if enabled else [])
 
 
 def assert_matches_reference(out, lse, ref_out, ref_lse, tol=2e-2):
@@ -185,10 +185,10 @@ def test_verify_step_replays_in_cuda_graph(backend):
 def test_persistent_kernel_replays_in_cuda_graph(monkeypatch):
     """One captured step, replayed with batches for which the device plans equal shares (unequal
     requests) and pieces (equal ones): the plan changes with the lengths, not the graph."""
-    if "cutlass" not in cuda_backends():
+    if "sm90" not in cuda_backends():
         pytest.skip("the sm_90a kernel needs an sm_90 GPU")
-    monkeypatch.setattr("ddtree_op.sm90_attention.use_persistent", lambda *args: True)
-    test_verify_step_replays_in_cuda_graph("cutlass")
+    monkeypatch.setattr("ddtree_op.backends.sm90.attention.use_persistent", lambda *args: True)
+    test_verify_step_replays_in_cuda_graph("sm90")
 
 
 def test_reduce_overhead_is_cudagraphed_and_correct():
@@ -239,7 +239,7 @@ def test_split_partials_keep_accuracy():
     """Merging 64 split partials must be about as accurate as one split. Partials rounded to bf16
     fail this (relative error 1.2e-3 -> 2.6e-3 on this batch, measured at 8f9c67b): with random
     values a split's partial is larger than the merged output, so its rounding error is too."""
-    if "cutlass" not in cuda_backends():
+    if "sm90" not in cuda_backends():
         pytest.skip("the sm_90a kernel needs an sm_90 GPU")
     vb = make_verify_batch([8192, 3000], [16, 16], 16, device="cuda", pad_rows=2, seed=7)
     ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
@@ -272,7 +272,7 @@ def run_sm90(vb, **schedule):
     """The sm_90a kernel called directly (to force a schedule), with poisoned outputs."""
     from ddtree_op.api import mask_words_per_row
     from ddtree_op.checks import kv_rows
-    from ddtree_op.sm90_attention import tree_attention_sm90
+    from ddtree_op.backends.sm90.attention import tree_attention_sm90
 
     rows, heads = vb.q.shape[0], vb.q.shape[1]
     words = mask_words_per_row(vb.tree_mask, vb.mask_layout, rows, None)
@@ -292,9 +292,9 @@ def test_persistent_kernel_matches_reference(case, ctas, splits):
     """The persistent kernel on every shape, whatever `auto` would pick: 1 CTA walks every row
     block; 5 cut most of them or take several pieces; 132 (one per SM) leave some CTAs idle when
     the batch is small. Which plan each case gets (pieces or equal shares) is checked on the CPU
-    (tests/test_balanced_schedule.py: both occur). Padding rows, requests with no drafts and rows
+    (tests/test_persistent_schedule.py: both occur). Padding rows, requests with no drafts and rows
     that see no key included."""
-    if "cutlass" not in cuda_backends():
+    if "sm90" not in cuda_backends():
         pytest.skip("the sm_90a kernel needs an sm_90 GPU")
     index = (ATTENTION_CASES + EDGE_CASES).index(case)
     dtype = torch.float16 if ctas == 5 else torch.bfloat16
@@ -327,12 +327,13 @@ def test_slots_above_4m_need_64_bit_offsets(backend):
     assert_matches_reference(out, lse, ref_out, ref_lse)
 
 
-def test_auto_backend_is_the_sm90_kernel_on_sm90(monkeypatch):
+def test_auto_backend_is_the_sm90_kernel_on_sm90(monkeypatch, fresh_dispatch):
     from ddtree_op.backends import DISABLE_SM90_ENV, auto_cuda_backend
 
     device = torch.device("cuda")
-    assert auto_cuda_backend(device) == ("cutlass" if torch.cuda.get_device_capability(device) == (9, 0) else "triton")
+    assert auto_cuda_backend(device) == ("sm90" if torch.cuda.get_device_capability(device) == (9, 0) else "triton")
     monkeypatch.setenv(DISABLE_SM90_ENV, "1")
+    fresh_dispatch()  # the environment is read once per process
     assert auto_cuda_backend(device) == "triton"
 
 
@@ -347,12 +348,12 @@ def test_auto_sends_misaligned_rows_to_triton():
     assert_matches_reference(*run_and_reference(vb, "auto"))
     if torch.cuda.get_device_capability() == (9, 0):
         with pytest.raises(RuntimeError, match="argument 'q'"):
-            run_and_reference(vb, "cutlass")
+            run_and_reference(vb, "sm90")
 
 
 def test_auto_sends_misaligned_out_rows_to_triton():
     """An out view whose rows are 4- but not 16-byte aligned (the sm_90a epilogue stores 16-byte
-    pieces): 'auto' writes it correctly; 'cutlass', asked for explicitly, refuses naming 'out'."""
+    pieces): 'auto' writes it correctly; 'sm90', asked for explicitly, refuses naming 'out'."""
     vb = make_gpu_case(ATTENTION_CASES[4], "full", torch.bfloat16, seed=5)
     rows, heads = vb.q.shape[0], vb.q.shape[1]
     wide = torch.full((rows, heads, 520), float("nan"), device="cuda", dtype=vb.q.dtype)
@@ -364,4 +365,4 @@ def test_auto_sends_misaligned_out_rows_to_triton():
     assert torch.isnan(wide[..., :2]).all() and torch.isnan(wide[..., 514:]).all()  # nothing outside the view
     if torch.cuda.get_device_capability() == (9, 0):
         with pytest.raises(RuntimeError, match="argument 'out'"):
-            mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=out, lse=lse, backend="cutlass")
+            mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=out, lse=lse, backend="sm90")

@@ -2,7 +2,9 @@
 
 import pytest
 
-from ddtree_op.schedule import MAX_SPLITS, num_kv_splits, num_kv_splits_whole_tiles
+from ddtree_op.backends.sm90.schedule import num_kv_splits_whole_tiles
+from ddtree_op.backends.triton.schedule import num_kv_splits
+from ddtree_op.contract import TRITON_MAX_SPLITS as MAX_SPLITS
 
 SMS = 132
 

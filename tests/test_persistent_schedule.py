@@ -5,8 +5,9 @@ import random
 
 import pytest
 
-from ddtree_op.balanced_schedule import (UNIT_KEYS, choose_equal_shares, plan, slots_of_row_block, use_persistent,
-                                         work_of_requests)
+from ddtree_op.backends.sm90.persistent_schedule import (choose_equal_shares, plan, slots_of_row_block, use_persistent,
+                                                        work_of_requests)
+from ddtree_op.contract import UNIT_KEYS
 
 
 def random_batch(seed):
@@ -102,8 +103,7 @@ def test_gpu_tests_cover_both_plans_and_both_kinds_of_partials():
     the plan from the lengths, so check here that they reach every path of it."""
     from gpu_cases import ATTENTION_CASES, EDGE_CASES, PERSISTENT_SCHEDULES
 
-    from ddtree_op.schedule import num_kv_splits_whole_tiles
-    from ddtree_op.sm90_attention import CTAS_PER_SM, KEYS_PER_SPLIT, MAX_SPLITS, ROWS_PER_CTA
+    from ddtree_op.backends.sm90.schedule import sm90_splits
 
     seen = set()
     for prefix, drafts, heads in ATTENTION_CASES + EDGE_CASES:
@@ -113,8 +113,7 @@ def test_gpu_tests_cover_both_plans_and_both_kinds_of_partials():
             kv.append(kv[-1] + p + n)
         for ctas, splits in PERSISTENT_SCHEDULES:
             tokens = qo[-1] + 3  # the GPU tests pad 3 rows
-            splits = splits or num_kv_splits_whole_tiles(tokens, heads, len(prefix), kv[-1], ctas, ROWS_PER_CTA,
-                                                         CTAS_PER_SM, KEYS_PER_SPLIT, MAX_SPLITS)
+            splits = splits or sm90_splits(tokens, heads, len(prefix), kv[-1], ctas)
             equal, segments = plan(qo, kv, heads, ctas, splits)
             slots = [s.slot for cta in segments for s in cta if s.slot is not None]
             seen.add(("equal shares" if equal else "pieces", "partials" if slots else "whole row blocks"))

@@ -1,4 +1,4 @@
-"""Merges the partials of the persistent kernel's row blocks (balanced_schedule.py).
+"""Merges the partials of the persistent kernel's row blocks (persistent_schedule.py).
 
 Program (k, g) makes the same choice as the kernel and then merges rows [4 g, 4 g + 4) of at
 most one row block: with equal shares, the row block that CTA k's share begins in, if that
@@ -11,9 +11,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .balanced_schedule import CUT_COST_UNITS, ROWS_PER_BLOCK, UNIT_KEYS
+from ...contract import CUT_COST_UNITS, LATENT_DIM, ROWS_PER_BLOCK, UNIT_KEYS
 
-D_LATENT = 512
 # A program merges 4 rows from 4 slots per memory round trip ([4, 4, 512] fp32: 32 per thread of
 # 8 warps): equal shares rarely cut a row block more than 3 times. (64 programs per row block of
 # one row and up to 16 slots each took 15-25 us even when no row block needed merging: their
@@ -113,5 +112,5 @@ def combine_persistent(part_out, part_lse, qo_indptr, verify_indptr, out, lse, c
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1), ctas,
         HEADS=out.shape[1], BATCH_POW2=triton.next_power_of_2(max(batch, 1)),
         SLOT_BLOCK=SLOT_BLOCK, ROWS_PER_PROGRAM=ROWS_PER_PROGRAM, CUT_COST=CUT_COST_UNITS,
-        ROWS=ROWS_PER_BLOCK, UNIT=UNIT_KEYS, D=D_LATENT, num_warps=8,
+        ROWS=ROWS_PER_BLOCK, UNIT=UNIT_KEYS, D=LATENT_DIM, num_warps=8,
     )

@@ -4,7 +4,8 @@ Structure (see docs in kernel notes): a program owns BLOCK_M packed (draft row, 
 request, so every gathered 576-wide KV row is loaded once for all of them. The request's keys
 are [prefix ‖ drafts] through `verify_indices`; the prefix loop needs no mask, the draft loop
 reads one 64-bit mask word per (row, column). The key range can be split across programs
-(NUM_SPLITS, chosen from shapes only); a combine kernel merges the partials by LSE.
+(NUM_SPLITS, chosen from shapes only); the shared combine (backends/lse_merge.py) merges the
+partials by LSE.
 
 Grid, workspace and launch depend on tensor shapes only: each program finds its request from
 qo_indptr on the device, so the launch replays under CUDA graphs with new lengths.
@@ -18,11 +19,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .schedule import num_kv_splits, sm_count
+from ...contract import KEY_TILE, LATENT_DIM, ROPE_DIM, ROWS_PER_BLOCK
+from ..lse_merge import combine_splits
+from ..splits import sm_count
+from .schedule import num_kv_splits
 
 LOG2E = 1.4426950408889634
-D_LATENT = tl.constexpr(512)
-D_ROPE = tl.constexpr(64)
+D_LATENT = tl.constexpr(LATENT_DIM)
+D_ROPE = tl.constexpr(ROPE_DIM)
 
 
 @triton.jit
@@ -147,49 +151,9 @@ def _tree_attention_kernel(
             tl.store(part_lse_ptr + flat, lse, mask=row_ok & (pid_dv == 0))
 
 
-@triton.jit
-def _combine_splits_kernel(
-    part_out_ptr, part_lse_ptr, qo_indptr_ptr, batch,
-    out_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh,
-    num_tokens,
-    HEADS: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr,
-):
-    """Merges the NUM_SPLITS partial (out, lse) pairs of one valid row by their LSE; program
-    (r, j) does row r, columns [j * BLOCK_D, +BLOCK_D). All splits are loaded at once as one
-    [SPLITS_POW2, BLOCK_D] tile (a loop over 64 splits of partials cost ~20 us at B = 1), and no
-    load waits for another: the row count, the LSEs and the partials go out together, so a program
-    waits for one memory round trip. Rows past qo_indptr[B] are read (the grid covers T * H rows,
-    all inside the buffers) but not stored."""
-    row = tl.program_id(0).to(tl.int64)
-    pid_d = tl.program_id(1)
-    stride_split = num_tokens * HEADS
-    split = tl.arange(0, SPLITS_POW2)
-    dv = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    real_split = split < NUM_SPLITS
-    valid_rows = tl.load(qo_indptr_ptr + batch).to(tl.int64) * HEADS
-    part_lse = tl.load(part_lse_ptr + split * stride_split + row, mask=real_split, other=float("-inf"))
-    part = tl.load(part_out_ptr + (split * stride_split + row)[:, None] * D_LATENT + dv[None, :],
-                   mask=real_split[:, None], other=0.0)
-    lse_max = tl.max(part_lse, axis=0)
-    lse_max_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
-    weight = tl.exp(part_lse - lse_max_safe)  # 0 for splits that saw no key (and padding splits)
-    total = tl.sum(weight, axis=0)
-    # A split that saw no key has weight 0; its partial is not trusted to be finite.
-    acc = tl.sum(tl.where((weight > 0)[:, None], weight[:, None] * part, 0.0), axis=0)
-    saw_any = total > 0.0
-    o = acc / tl.where(saw_any, total, 1.0)
-    t = row // HEADS
-    h = row % HEADS
-    if row < valid_rows:
-        tl.store(out_ptr + t * stride_ot + h * stride_oh + dv, o.to(out_ptr.dtype.element_ty))
-        if pid_d == 0:
-            lse = tl.where(saw_any, lse_max_safe + tl.log(tl.where(saw_any, total, 1.0)), float("-inf"))
-            tl.store(lse_ptr + t * stride_lt + h * stride_lh, lse)
-
-
-# Tile configuration; tuned on the H200 (see bench/results and the kernel notes).
-BLOCK_M = 64
-BLOCK_N = 64
+# Tile configuration; tuned on the H200 (docs/kernel-log.md).
+BLOCK_M = ROWS_PER_BLOCK
+BLOCK_N = KEY_TILE
 NUM_WARPS = 8
 NUM_STAGES = 1
 DV_PARTS = 1
@@ -227,17 +191,3 @@ def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices,
     if num_splits > 1:
         combine_splits(part_out, part_lse, qo_indptr, out, lse)
     return kernel
-
-
-def combine_splits(part_out, part_lse, qo_indptr, out, lse):
-    """out/lse of the valid rows from per-split partials ([S, T*H, 512] and [S, T*H] float32)."""
-    num_tokens, heads = out.shape[0], out.shape[1]
-    num_splits = part_out.shape[0]
-    splits_pow2 = triton.next_power_of_2(num_splits)
-    block_d = max(32, min(D_LATENT, 4096 // splits_pow2))  # the [splits, BLOCK_D] tile: <= 32 fp32 per thread
-    _combine_splits_kernel[(num_tokens * heads, D_LATENT // block_d)](
-        part_out, part_lse, qo_indptr, qo_indptr.numel() - 1,
-        out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
-        num_tokens,
-        HEADS=heads, BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLITS_POW2=splits_pow2, num_warps=4,
-    )

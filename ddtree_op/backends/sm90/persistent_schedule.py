@@ -1,7 +1,7 @@
 """The sm_90a kernel's persistent schedule: which CTA attends to which keys of which row block,
 and where partials go. The kernel (cutlass_kernels/sm90/balanced_plan.cuh) and the combine
-(balanced_combine.py) compute it on the device from the indptrs; this is their reference in
-Python (tests/test_balanced_schedule.py), and the host's shape-only choice of the kernel.
+(persistent_combine.py) compute it on the device from the indptrs; this is their reference in
+Python (tests/test_persistent_schedule.py), and the host's shape-only choice of the kernel.
 
 A row block has `units` of work, a unit being 128 keys (a pair of 64-key tiles). With G CTAs and
 `splits` key splits per row block (the split schedule's count, from shapes), the device picks:
@@ -19,18 +19,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ROWS_PER_BLOCK = 64
-UNIT_KEYS = 128
-# What an equal share pays over its units, in units: its cut row blocks' second prologue and fp32
-# epilogue (~1.6 units each), the combine, and cache misses of CTAs that are no longer in step.
-# Measured at 3-8 on uniform batches (bench/results/2026-11-30_H200x2_3706ac2/schedules.log).
-CUT_COST_UNITS = 8
+from ...contract import CUT_COST_UNITS, ROWS_PER_BLOCK, UNIT_KEYS
+
+# CUT_COST_UNITS: what an equal share pays over its units, in units: its cut row blocks' second
+# prologue and fp32 epilogue, the combine, and cache misses of CTAs that are no longer in step.
 # The persistent kernel is used where the split schedule has one CTA per row block (splits = 1),
 # in one or two waves: there the longest request sets the time. With more waves the hardware's
 # CTA scheduler balances well, and with splits its pieces are already short. It also needs
 # large shares: below 30 units per CTA the cuts cost more than balancing saves, and on equal
-# requests (pieces) it runs 5-8% behind the split kernel (measured:
-# bench/results/2026-11-30_H200x2_e05d096/schedules.log).
+# requests (pieces) it runs behind the split kernel (docs/kernel-log.md).
 MAX_WAVES = 2
 MIN_UNITS_PER_CTA = 30
 

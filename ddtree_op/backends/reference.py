@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import torch
 
-LATENT_DIM = 512  # V = the first 512 columns of each KV row
-QK_DIM = 576  # 512 latent + 64 rope
+from ..contract import LATENT_DIM, MASK_WORD_BITS
 
 
 def mask_words_to_bits(mask_words: torch.Tensor, num_cols: int) -> torch.Tensor:
     """bool [rows, num_cols]: bit j of the compact mask (word j // 64, bit j % 64)."""
     col = torch.arange(num_cols, device=mask_words.device)
-    words = mask_words[:, col // 64]
-    return ((words >> (col % 64)) & 1).bool()
+    words = mask_words[:, col // MASK_WORD_BITS]
+    return ((words >> (col % MASK_WORD_BITS)) & 1).bool()
 
 
 def tree_attention_reference(

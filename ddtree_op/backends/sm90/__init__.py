@@ -1,0 +1,34 @@
+"""The sm90 backend: the host side of the sm_90a CuTe/wgmma kernel (cutlass_kernels/sm90/).
+
+- attention.py: the launch (split or persistent kernel, partial buffers, combine);
+- schedule.py: how many key splits per row block, from shapes;
+- persistent_schedule.py: the persistent kernel's plan in Python (the test oracle of the device
+  plan) and the shape-only choice of that kernel;
+- persistent_combine.py: the Triton merge of the persistent kernel's partials.
+The split kernel's partials are merged by the shared combine (backends/lse_merge.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import tree_attention_sm90
+
+
+def _rows_aligned(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0 and all(stride % 8 == 0 for stride in t.stride()[:-1])
+
+
+def sm90_accepts(q: torch.Tensor, kv_rows: torch.Tensor, out: torch.Tensor) -> bool:
+    """The kernel copies q and KV rows and stores output rows in 16-byte pieces, so every row must
+    be 16-byte aligned (base pointer, and token/head/slot strides in multiples of 8 elements).
+    The Triton kernel takes any strides, so "auto" sends others there."""
+    return _rows_aligned(q) and _rows_aligned(kv_rows) and _rows_aligned(out)
+
+
+def accepts(inputs) -> bool:
+    """`inputs`: a backends.InputClass."""
+    return inputs.rows_16b_aligned
+
+
+run = tree_attention_sm90

@@ -1,0 +1,25 @@
+"""What the CUDA backends' split schedules share: a function of tensor shapes only, so a captured
+CUDA graph replays with any lengths that fit the shapes."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def resident_splits(num_tokens: int, heads: int, sms: int, block_m: int, ctas_per_sm: int) -> int:
+    """Splits per row block that fit the GPU's resident CTAs (sms * ctas_per_sm), rounded down so
+    the last wave is not a short one."""
+    row_blocks = max(1, math.ceil(num_tokens * heads / block_m))
+    return max(1, (sms * ctas_per_sm) // row_blocks)

@@ -1,0 +1,48 @@
+"""The numbers and names every part of ddtree_op agrees on, each defined once.
+
+The CUDA side has the same constants in cutlass_kernels/contract.cuh (namespace ddtree);
+tests/test_contract.py checks that the two agree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# One MLA key row (and one query row) is [latent ‖ rope]; V is its first LATENT_DIM columns.
+LATENT_DIM = 512
+ROPE_DIM = 64
+QK_DIM = LATENT_DIM + ROPE_DIM  # 576
+
+# Packed (draft, head) rows per row block: the rows one CTA (or one Triton program by default)
+# attends for together, so a gathered KV row serves all of them.
+ROWS_PER_BLOCK = 64
+KEY_TILE = 64  # keys per tile of the attention loop
+UNIT_KEYS = 2 * KEY_TILE  # a unit of work (a pair of tiles): the sm90 kernel's split and share granularity
+
+# Key-range splits per row block at most (both from shapes only).
+TRITON_MAX_SPLITS = 64
+SM90_MAX_SPLITS = 128
+
+# The persistent schedule's cost of cutting a row block between CTAs, in units: the kernel's
+# plan, the combine and the Python oracle all compare with it.
+CUT_COST_UNITS = 8
+PARTIAL_SLOTS_PER_CTA = 2  # a persistent CTA's first and last segment
+
+# Compact mask: one bit per draft column, MASK_WORD_BITS per int64 word.
+MASK_WORD_BITS = 64
+MASK_LAYOUTS = ("full", "qlen", "packed")
+# Widest draft count each packed dtype can describe (one bit per draft column).
+PACKED_MASK_BITS = {
+    torch.uint8: 8,
+    torch.int16: 16,
+    torch.uint16: 16,
+    torch.int32: 32,
+    torch.uint32: 32,
+    torch.int64: 64,
+}
+
+# Values of `backend=`. "auto" walks AUTO_ORDER (backends/__init__.py); DEPRECATED_BACKENDS are
+# old names still accepted, with a warning.
+BACKENDS = ("reference", "triton", "sm90")
+BACKEND_CHOICES = ("auto",) + BACKENDS
+DEPRECATED_BACKENDS = {"cutlass": "sm90"}
