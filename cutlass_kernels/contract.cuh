@@ -1,0 +1,37 @@
+// The numbers every CUDA kernel of ddtree_op agrees on with the Python side, each defined once.
+// ddtree_op/contract.py holds the same values; tests/test_contract.py checks that the two agree.
+// Plain constexpr values: usable in host and device code, no dependency on torch or CUTLASS.
+#pragma once
+
+#include <cstdint>
+
+namespace ddtree {
+
+// One MLA key (and query) row is [latent | rope]; V is its first kLatentDim columns.
+constexpr int kLatentDim = 512;
+constexpr int kRopeDim = 64;
+constexpr int kQkDim = kLatentDim + kRopeDim;  // 576
+
+// Packed (draft, head) rows per row block (a CTA's rows); keys per tile; a unit of work is a
+// pair of tiles (the sm90 kernel's split and share granularity).
+constexpr int kRowsPerBlock = 64;
+constexpr int kKeyTile = 64;
+constexpr int kUnitKeys = 2 * kKeyTile;
+
+// Key-range splits per row block of the sm90 split kernel, at most.
+constexpr int kSm90MaxSplits = 128;
+
+// Persistent schedule: what cutting a row block between CTAs costs, in units (the plan compares
+// with it), and the partial slots of one CTA (its first and last segment).
+constexpr int kCutCostUnits = 8;
+constexpr int kPartialSlotsPerCta = 2;
+
+// Compact mask: one bit per draft column, kMaskWordBits per int64 word. A packed mask holds at
+// most kMaxPackedMaskBits drafts (its widest dtype, int64).
+constexpr int kMaskWordBits = 64;
+constexpr int kMaxPackedMaskBits = 64;
+
+// Values of the prep ops' `layout` argument, in contract.py's MASK_LAYOUTS order.
+constexpr const char* kMaskLayouts[] = {"full", "qlen", "packed"};
+
+}  // namespace ddtree
