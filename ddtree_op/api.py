@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from . import ops
+from .environment import CHECK_ENV, flag
 from .checks import check_verify_inputs, check_verify_shapes, kv_rows
 from .contract import LATENT_DIM, PACKED_MASK_BITS
 
@@ -14,7 +13,7 @@ from .contract import LATENT_DIM, PACKED_MASK_BITS
 def _eager_checks_enabled() -> bool:
     if torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
         return False
-    return os.environ.get("DDTREE_CHECK", "0") == "1"
+    return flag(CHECK_ENV)
 
 
 def mask_words_per_row(tree_mask: torch.Tensor, mask_layout: str, num_rows: int, max_draft_len: int | None) -> int:
@@ -58,6 +57,9 @@ def mla_tree_verify(
 
     Returns (out [T_pad, H, 512] dtype of q, lse [T_pad, H] float32), written into `out`/`lse`
     when given. Rows past qo_indptr[B] get out 0 and lse -inf.
+
+    The backend is chosen once per (device, backend, dtype, row alignment) and cached; the
+    environment (DDTREE_CHECK, DDTREE_DISABLE_SM90) is read once per process, on first use.
     """
     check_verify_shapes(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, sm_scale, mask_layout, out, lse, max_draft_len)
     if _eager_checks_enabled():

@@ -56,9 +56,23 @@ def test_cutlass_is_a_deprecated_name_of_sm90(fresh_dispatch):
 def test_cpu_runs_the_reference_for_auto_and_reference_only():
     from ddtree_op import backends
 
-    cpu = backends.InputClass(torch.bfloat16, True)
+    cpu = backends.InputClass(torch.bfloat16, torch.bfloat16, True)
     assert backends.choose(torch.device("cpu"), "auto", cpu).name == "reference"
     assert backends.choose(torch.device("cpu"), "reference", cpu).name == "reference"
     for name in ("triton", "sm90"):
         with pytest.raises(RuntimeError, match=f"'{name}' needs CUDA tensors"):
             backends.choose(torch.device("cpu"), name, cpu)
+
+
+def test_backend_choice_is_made_once_per_input_class(fresh_dispatch, monkeypatch):
+    from ddtree_op import backends, mla_tree_verify
+    from ddtree_op.synthetic import make_verify_batch
+
+    vb = make_verify_batch([6, 3], [3, 2], 2, pad_rows=1)
+    mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs())
+    first = backends.choose.cache_info()
+    monkeypatch.setattr(backends, "REGISTRY", {})  # a second choice would fail
+    for _ in range(3):
+        mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs())
+    again = backends.choose.cache_info()
+    assert (again.misses, again.hits) == (first.misses, first.hits + 3)

@@ -118,7 +118,7 @@ VALUE_ERRORS = [
 
 
 @pytest.mark.parametrize("argument,what,override", VALUE_ERRORS, ids=[f"{a}-{w.replace(' ', '_')}" for a, w, _ in VALUE_ERRORS])
-def test_value_checks(vb, argument, what, override, monkeypatch):
+def test_value_checks(vb, argument, what, override, monkeypatch, fresh_dispatch):
     kwargs = vb.kwargs()
     changes = override(vb)
     q = changes.pop("q", vb.q)
@@ -126,6 +126,7 @@ def test_value_checks(vb, argument, what, override, monkeypatch):
     with pytest.raises(ValueError, match=f"argument '{argument}'"):
         check_verify_inputs(q, vb.kv_cache, **kwargs)
     monkeypatch.setenv("DDTREE_CHECK", "1")  # the same checks run automatically in eager mode
+    fresh_dispatch()  # the environment is read once per process
     with pytest.raises(ValueError, match=f"argument '{argument}'"):
         mla_tree_verify(q, vb.kv_cache, **kwargs)
 

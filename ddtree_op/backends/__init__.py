@@ -4,8 +4,9 @@ Each backend (a module beside this one) says on which devices it runs, whether `
 there, which inputs it accepts, and how to run. The choice is a function of (device, requested
 backend, input class) only, so it is made once and cached: the per-call cost is one dictionary
 lookup and the few stride/pointer reads of `input_class`. Environment variables that steer the
-choice (DDTREE_DISABLE_SM90) are read once per process, at the first choice on a device;
-`reset_dispatch_cache()` forgets every choice (tests use it after changing the environment).
+choice (DDTREE_DISABLE_SM90) are read once per process (environment.py);
+`reset_dispatch_cache()` forgets every choice and what was read (tests use it after changing
+the environment).
 
 Backends never import one another; what two of them share lives in `lse_merge.py` (the combine of
 split partials) and `splits.py` (the shape-only split count).
@@ -14,36 +15,33 @@ split partials) and `splits.py` (the shape-only split count).
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from .. import build
+from .. import build, environment
 from ..contract import BACKEND_CHOICES, DEPRECATED_BACKENDS
+from ..environment import DISABLE_SM90_ENV
 from . import reference, sm90, triton
 
 # "auto" takes the first backend in this order that it may use on the device and that accepts the
 # inputs: the sm_90a kernel where it runs, else the Triton kernel on CUDA, else the reference.
 AUTO_ORDER = ("sm90", "triton", "reference")
 
-# The sm_90a kernel runs on compute capability 9.0 only. DDTREE_DISABLE_SM90=1 makes "auto" use
-# Triton (an escape hatch for serving if the JIT build of the sm_90a library is not wanted).
-DISABLE_SM90_ENV = "DDTREE_DISABLE_SM90"
-
 
 @dataclass(frozen=True)
 class InputClass:
     """What the choice of a backend depends on besides the device: a few bits of the inputs."""
 
-    dtype: torch.dtype
+    dtype: torch.dtype  # of q
+    kv_dtype: torch.dtype
     rows_16b_aligned: bool  # q, KV and out rows start on 16 bytes (pointer and strides)
 
 
 def input_class(q: torch.Tensor, kv_rows: torch.Tensor, out: torch.Tensor) -> InputClass:
-    return InputClass(q.dtype, sm90.sm90_accepts(q, kv_rows, out))
+    return InputClass(q.dtype, kv_rows.dtype, sm90.sm90_accepts(q, kv_rows, out))
 
 
 @dataclass(frozen=True)
@@ -78,11 +76,6 @@ def _sm90_unavailable(device: torch.device) -> str | None:
 
 
 @functools.lru_cache(maxsize=None)
-def _sm90_disabled_by_env() -> bool:
-    return os.environ.get(DISABLE_SM90_ENV, "0") == "1"
-
-
-@functools.lru_cache(maxsize=None)
 def _warn_no_cutlass_headers() -> None:
     warnings.warn("ddtree_op: this GPU runs the sm_90a kernel, but the CUTLASS headers it is built with are not "
                   "installed (`pip install --no-deps nvidia-cutlass`); backend 'auto' uses the slower Triton kernel")
@@ -90,8 +83,9 @@ def _warn_no_cutlass_headers() -> None:
 
 def _sm90_auto(device: torch.device) -> bool:
     """The sm_90a kernel on compute capability 9.0 when its JIT build can find the CUTLASS headers
-    (with a warning, once, where only the headers are missing)."""
-    if device.type != "cuda" or _sm90_disabled_by_env() or not sm90_kernel_available(device):
+    (with a warning, once, where only the headers are missing), unless DDTREE_DISABLE_SM90=1 (an
+    escape hatch for serving if the JIT build of the sm_90a library is not wanted)."""
+    if device.type != "cuda" or environment.flag(DISABLE_SM90_ENV) or not sm90_kernel_available(device):
         return False
     if not build.cutlass_headers_available():
         _warn_no_cutlass_headers()
@@ -146,8 +140,9 @@ def choose(device: torch.device, backend: str, inputs: InputClass) -> Backend:
 
 def reset_dispatch_cache() -> None:
     """Forgets every choice, the environment read for it and the warnings given once."""
-    for cached in (choose, _sm90_disabled_by_env, _warn_no_cutlass_headers, _warn_deprecated):
+    for cached in (choose, _warn_no_cutlass_headers, _warn_deprecated):
         cached.cache_clear()
+    environment.reset()
 
 
 def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend):
