@@ -36,11 +36,11 @@ case "$stage" in
       timeout 330 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests -k "not cpu and not multi_gpu" 2>&1 | grep -v DEBUG \
         > "$OUT/gpu_tests.log"
       timeout 80 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
-        tests/test_gpu.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and ${SANITIZE_BACKEND:-sm90}" 2>&1 \
+        tests/test_gpu_*.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and ${SANITIZE_BACKEND:-sm90}" 2>&1 \
         | grep -v DEBUG >> "$OUT/sanitizers.log"
       for shape in H1-B3-n33-P64 H16-B3-n16-P9000; do
         timeout 90 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
-          tests/test_gpu.py -k "$shape and full and sm90" 2>&1 | grep -v DEBUG >> "$OUT/sanitizers.log"
+          tests/test_gpu_*.py -k "$shape and full and sm90" 2>&1 | grep -v DEBUG >> "$OUT/sanitizers.log"
       done
       for shape in H16_n4_B1_P1024 H16_n4_B1_P8192; do
         echo "== $shape (3 calls; cycles per phase: scan, prologue issue, first tiles' wait, QK, P exchange, PV, rest of loop, sums, epilogue)"
@@ -74,11 +74,11 @@ case "$stage" in
     ( export CUDA_VISIBLE_DEVICES=1
       for shape in H1-B3-n33-P64 H16-B3-n16-P9000; do  # a small one that surely finishes, then one with many tiles
         timeout 150 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
-          tests/test_gpu.py -k "$shape and full and sm90" 2>&1 | grep -v DEBUG >> "$OUT/sanitizer_racecheck.log"
+          tests/test_gpu_*.py -k "$shape and full and sm90" 2>&1 | grep -v DEBUG >> "$OUT/sanitizer_racecheck.log"
       done
       for backend in sm90 triton; do
         timeout 80 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
-          tests/test_gpu.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and $backend" 2>&1 | grep -v DEBUG \
+          tests/test_gpu_*.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and $backend" 2>&1 | grep -v DEBUG \
           >> "$OUT/sanitizer_memcheck.log"
       done
       # Where a tiny shape's time goes: every ncu section, and per-SASS-line stall samples.
@@ -93,15 +93,15 @@ case "$stage" in
       --backends sm90,triton,sglang_baseline --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -14
     wait; grep -E "SUMMARY|passed|failed" "$OUT/sanitizer_racecheck.log"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitizer_memcheck.log" ;;
   sm90)
-    timeout 500 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu.py -k "sm90" 2>&1 | grep -v DEBUG | tee "$OUT/sm90_tests.log" | tail -40 ;;
+    timeout 500 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu_*.py -k "sm90" 2>&1 | grep -v DEBUG | tee "$OUT/sm90_tests.log" | tail -40 ;;
   first)  # sm90 correctness, then (only if it passed) first timings on the grid, sm90 vs Triton
-    timeout 330 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu.py -k "sm90" 2>&1 | grep -v DEBUG \
+    timeout 330 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu_*.py -k "sm90" 2>&1 | grep -v DEBUG \
       | tee "$OUT/sm90_tests.log" | tail -25
     [ "${PIPESTATUS[0]}" = 0 ] || exit 1
     DDTREE_COMMIT=$commit timeout 240 python3 -m bench.verify --cases grid --no-prep --backends sm90,triton \
       --out "$OUT/bench" 2>&1 | grep -v "^  " | tail -45 ;;
   iterate)  # a kernel change: sm90 correctness, grid timings of sm90 alone, ncu on two shapes
-    timeout 200 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu.py -k "sm90" 2>&1 | grep -v DEBUG \
+    timeout 200 python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu_*.py -k "sm90" 2>&1 | grep -v DEBUG \
       | tee "$OUT/sm90_tests.log" | tail -6
     [ "${PIPESTATUS[0]}" = 0 ] || exit 1
     DDTREE_COMMIT=$commit timeout 200 python3 -m bench.verify --cases grid --no-prep --backends sm90,triton \
@@ -118,7 +118,7 @@ case "$stage" in
     bash bench/install_check.sh > "$OUT/install.log" 2>&1; tail -5 "$OUT/install.log"
     for tool in memcheck racecheck; do
       timeout 80 compute-sanitizer --tool "$tool" --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
-        tests/test_gpu.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and sm90" 2>&1 | grep -v DEBUG \
+        tests/test_gpu_*.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and sm90" 2>&1 | grep -v DEBUG \
         | tee "$OUT/sanitizer_$tool.log" | tail -4
     done
     for backend in sm90 triton; do
@@ -128,7 +128,7 @@ case "$stage" in
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_multi_gpu.py 2>&1 | grep -v DEBUG \
       | tee "$OUT/multi_gpu.log" | tail -3
     timeout 60 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
-      tests/test_gpu.py -k "H1-B3-n33-P64 and full and sm90" 2>&1 | grep -v DEBUG | tee "$OUT/sanitizer_racecheck.log" | tail -3
+      tests/test_gpu_*.py -k "H1-B3-n33-P64 and full and sm90" 2>&1 | grep -v DEBUG | tee "$OUT/sanitizer_racecheck.log" | tail -3
     for sets in 1 8; do
       timeout 30 python3 -m bench.profile_case H16_n4_B1_P1024 --kernels --sets $sets 2>&1 | grep -v Warn | tee -a "$OUT/kernels.log"
     done
@@ -138,16 +138,16 @@ case "$stage" in
     timeout 300 python3 -m pytest -q -p no:cacheprovider tests -k "not cpu" 2>&1 | grep -v DEBUG \
       | tee "$OUT/gpu_tests.log" | tail -8
     timeout 150 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
-      tests/test_gpu.py -k "H16-B3-n16-P9000 and full and sm90" 2>&1 | grep -v DEBUG | tee "$OUT/sanitizer_racecheck.log" | tail -3
+      tests/test_gpu_*.py -k "H16-B3-n16-P9000 and full and sm90" 2>&1 | grep -v DEBUG | tee "$OUT/sanitizer_racecheck.log" | tail -3
     timeout 90 compute-sanitizer --tool memcheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
-      tests/test_gpu.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and triton" 2>&1 | grep -v DEBUG \
+      tests/test_gpu_*.py -k "(H16-B3-n16-P9000 or H16-B3-n128-P8192) and full and triton" 2>&1 | grep -v DEBUG \
       | tee "$OUT/sanitizer_memcheck_triton.log" | tail -3 ;;
   tests)
     timeout 560 python3 -m pytest -q -p no:cacheprovider tests -k "not cpu" 2>&1 | grep -v DEBUG | tee "$OUT/gpu_tests.log" | tail -30 ;;
   sanitize)
     for tool in memcheck racecheck; do
       timeout 250 compute-sanitizer --tool "$tool" --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
-        tests/test_gpu.py -k "(H16-B3-n16-P9000 or H128-B3-n128-P65536) and full" 2>&1 | grep -v DEBUG \
+        tests/test_gpu_*.py -k "(H16-B3-n16-P9000 or H128-B3-n128-P65536) and full" 2>&1 | grep -v DEBUG \
         | tee "$OUT/sanitizer_$tool.log" | tail -8
     done ;;
   bench)

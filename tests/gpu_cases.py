@@ -1,8 +1,11 @@
-"""Shared GPU correctness parametrisation for every CUDA backend (issue 3/4 grid, sampled)."""
+"""Shared GPU correctness parametrisation for every CUDA backend (a sampled grid of shapes), and
+the helpers of the tests/test_gpu_*.py files."""
 
+import pytest
 import torch
 
-from ddtree_op import mla_tree_verify
+from conftest import relative_error
+from ddtree_op import mla_tree_verify, ops
 from ddtree_op.synthetic import encode_tree_mask, make_verify_batch
 
 # (prefix lengths, draft lengths, heads); covers H in {1,16,32,128}, n in {1,2,4,8,16,33,64,128},
@@ -87,3 +90,42 @@ def run_and_reference(vb, backend):
     mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=out, lse=lse, backend=backend)
     ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
     return out, lse, ref_out, ref_lse
+
+
+def cuda_backends():
+    """Every CUDA kernel this machine runs: the Triton fallback, and the sm_90a kernel on sm_90."""
+    from ddtree_op.backends import sm90_kernel_available
+
+    enabled = torch.cuda.is_available() and sm90_kernel_available(torch.device("cuda"))
+    return ["triton"] + (["sm90"] if enabled else [])
+
+
+def assert_matches_reference(out, lse, ref_out, ref_lse, tol=2e-2):
+    assert not torch.isnan(out).any(), "NaN (or an unwritten poisoned element) in out"
+    assert not torch.isnan(lse).any(), "NaN (or an unwritten poisoned element) in lse"
+    assert relative_error(out, ref_out) < tol
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], atol=2e-3, rtol=1e-3)
+    assert torch.all(out[torch.isinf(ref_lse)] == 0)
+
+
+needs_sm90 = pytest.mark.skipif("sm90" not in cuda_backends(), reason="the sm_90a kernel needs an sm_90 GPU")
+
+
+def run_sm90(vb, **schedule):
+    """The sm_90a kernel called directly (to force a schedule), with poisoned outputs."""
+    from ddtree_op.api import mask_words_per_row
+    from ddtree_op.backends.sm90.attention import tree_attention_sm90
+    from ddtree_op.checks import kv_rows
+
+    rows, heads = vb.q.shape[0], vb.q.shape[1]
+    words = mask_words_per_row(vb.tree_mask, vb.mask_layout, rows, None)
+    verify_indptr, verify_indices, mask_words = ops.prepare_verify(
+        vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, vb.mask_layout, rows, words
+    )
+    out = torch.full((rows, heads, 512), float("nan"), device="cuda", dtype=vb.q.dtype)
+    lse = torch.full((rows, heads), float("nan"), device="cuda")
+    tree_attention_sm90(vb.q, kv_rows(vb.kv_cache), vb.qo_indptr, verify_indptr, verify_indices, mask_words, vb.sm_scale,
+                        out, lse, **schedule)
+    return out, lse

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.devi
 
 
 def _backends():
-    from test_gpu import cuda_backends
+    from gpu_cases import cuda_backends
 
     return cuda_backends()
 

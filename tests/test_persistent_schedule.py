@@ -99,7 +99,7 @@ def test_persistent_kernel_for_one_or_two_waves_of_large_shares():
 
 
 def test_gpu_tests_cover_both_plans_and_both_kinds_of_partials():
-    """tests/test_gpu.py runs the persistent kernel on these cases and CTA counts; the device picks
+    """tests/test_gpu_persistent.py runs the persistent kernel on these cases and CTA counts; the device picks
     the plan from the lengths, so check here that they reach every path of it."""
     from gpu_cases import ATTENTION_CASES, EDGE_CASES, PERSISTENT_SCHEDULES
 

@@ -54,7 +54,7 @@ def _to_cuda(vb):
 @settings(max_examples=30, deadline=None)
 @given(verify_steps(), st.sampled_from(["triton", "sm90"]))
 def test_cuda_kernels_equal_reference_on_random_steps(vb, backend):
-    from test_gpu import cuda_backends
+    from gpu_cases import cuda_backends
 
     assume(backend in cuda_backends())  # the sm_90a kernel runs on sm_90 only
     vb = _to_cuda(vb)
