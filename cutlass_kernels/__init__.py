@@ -1,1 +1,2 @@
-"""CUDA/CuTe sources of ddtree_op, shipped as package data and compiled by ddtree_op.build."""
+"""CUDA/CuTe sources of ddtree_op. Installed as `ddtree_op/csrc/` (package data) and compiled by
+ddtree_op.build; nothing here is imported."""

@@ -1,8 +1,11 @@
 """ddtree_op: tree-masked MLA attention for the verify step of tree speculative decoding."""
 
+from ._version import __version__
 from . import ops  # registers torch.ops.ddtree.*
 from .api import mla_tree_verify
 from .checks import check_verify_inputs
+from .paged import mla_tree_verify_paged  # registers torch.ops.ddtree.paged_slot_lists
 from .prep import MASK_LAYOUTS
+from .status import decode_status, new_status, raise_on_status
 
-__all__ = ["mla_tree_verify", "check_verify_inputs", "MASK_LAYOUTS", "ops"]
+__all__ = ["__version__", "mla_tree_verify", "mla_tree_verify_paged", "check_verify_inputs", "MASK_LAYOUTS", "ops", "new_status", "raise_on_status", "decode_status"]

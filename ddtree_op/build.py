@@ -1,4 +1,5 @@
-"""Build and load the CUDA libraries (cutlass_kernels/): JIT on first CUDA use, or AOT from setup.py.
+"""Build and load the CUDA libraries (cutlass_kernels/, installed as ddtree_op/csrc/): JIT on first
+CUDA use, or ahead of time from setup.py (DDTREE_AOT_BUILD=1).
 
 Two libraries, so that the preparation kernels never depend on CUTLASS or on a Hopper GPU:
 - "prep" (cutlass_kernels/*.cu, *.cpp): combined indices and mask conversion, torch.ops.ddtree_cuda.*;
@@ -9,7 +10,10 @@ The JIT build goes through torch.utils.cpp_extension + ninja into a directory na
 the sources, the flags, the GPU arch and the torch/CUDA versions, so an edit or an upgrade
 rebuilds and everything else reuses the cache. An exclusive flock (released by the kernel if a
 build is killed) serialises builds across processes; under it, a `lock` file that a killed torch
-build left behind is removed instead of being waited on forever.
+build left behind is removed instead of being waited on forever. An ahead-of-time library is
+named by the same key (aot_module_name) and loaded only where it matches.
+
+This module imports nothing from ddtree_op: setup.py loads it by path.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import importlib.util
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -30,11 +35,18 @@ log = logging.getLogger("ddtree_op")
 LIBRARIES = {"prep": "", "sm90": "sm90"}  # library -> folder of its .cu/.cpp under cutlass_kernels/
 
 
+_PACKAGE_DIR = Path(__file__).resolve().parent  # this file sits at the top of the ddtree_op package
+
+
 def kernel_source_dir() -> Path:
-    spec = importlib.util.find_spec("cutlass_kernels")
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("ddtree_op: the CUDA sources (package 'cutlass_kernels') are not installed")
-    return Path(list(spec.submodule_search_locations)[0])
+    """The CUDA sources: `ddtree_op/csrc/` in an installed wheel (setup.py maps the repository's
+    `cutlass_kernels/` there), else `cutlass_kernels/` beside the package (a checkout, an editable
+    install, or a copy of the tree on PYTHONPATH)."""
+    for candidate in (_PACKAGE_DIR / "csrc", _PACKAGE_DIR.parent / "cutlass_kernels"):
+        if (candidate / "registration.cpp").is_file():
+            return candidate
+    raise RuntimeError(f"ddtree_op: the CUDA sources are missing (looked for {_PACKAGE_DIR / 'csrc'} and "
+                       f"{_PACKAGE_DIR.parent / 'cutlass_kernels'}); reinstall the package")
 
 
 def cuda_sources(library: str = "prep") -> list[Path]:
@@ -43,10 +55,19 @@ def cuda_sources(library: str = "prep") -> list[Path]:
 
 
 def _header_files() -> list[Path]:
-    return sorted(p for p in kernel_source_dir().rglob("*") if p.suffix in (".h", ".cuh", ".hpp"))
+    # Not tests/: the host-side check is not part of either library (nor of an installed wheel).
+    root = kernel_source_dir()
+    return sorted(p for p in root.rglob("*")
+                  if p.suffix in (".h", ".cuh", ".hpp") and p.relative_to(root).parts[0] != "tests")
 
 
 def _find_cutlass_include_dir() -> Path | None:
+    override = os.environ.get("DDTREE_CUTLASS_DIR")  # a CUTLASS source tree (headers only), or its include/
+    if override:
+        for include in (Path(override) / "include", Path(override)):
+            if (include / "cute").is_dir():
+                return include
+        return None
     spec = importlib.util.find_spec("cutlass_library")
     if spec is not None and spec.submodule_search_locations:
         include = Path(list(spec.submodule_search_locations)[0]) / "source" / "include"
@@ -68,7 +89,7 @@ def cutlass_include_dir() -> Path:
     if include is None:
         raise RuntimeError(
             "ddtree_op: CUTLASS headers not found; install them with `pip install --no-deps nvidia-cutlass` "
-            "(they ship under cutlass_library/source/include)"
+            "(they ship under cutlass_library/source/include) or point DDTREE_CUTLASS_DIR at a CUTLASS source tree"
         )
     return include
 
@@ -119,10 +140,28 @@ def cache_root() -> Path:
     return Path(root)
 
 
-def _aot_library() -> Path | None:
-    here = Path(__file__).parent
-    found = sorted(here.glob("_cuda_aot*.so"))
-    return found[0] if found else None
+def include_dirs(library: str) -> list[str]:
+    include = [str(kernel_source_dir())]
+    if library == "sm90":
+        include.append(str(cutlass_include_dir()))  # raises with the install hint when missing
+    return include
+
+
+def aot_module_name(library: str, arch: str) -> str:
+    """The module name (ddtree_op.<name>) of a library built ahead of time by setup.py. It carries
+    the build key, so a library built for another GPU arch, torch, flag set or source edit is never
+    loaded: that case JIT-builds as if there were none."""
+    return f"_aot_{library}_{build_key(arch, library)}"
+
+
+def _aot_library(library: str, arch: str) -> Path | None:
+    found = sorted(_PACKAGE_DIR.glob(f"{aot_module_name(library, arch)}.*so"))
+    if found:
+        return found[0]
+    if any(_PACKAGE_DIR.glob(f"_aot_{library}_*.so")):
+        log.info("ddtree_op: the ahead-of-time %s library was built for another arch, torch, flags or sources; "
+                 "JIT-building for sm_%s", library, arch)
+    return None
 
 
 def load_cuda_library() -> str:
@@ -130,21 +169,29 @@ def load_cuda_library() -> str:
     return load_library("prep")
 
 
+def _notice(message: str) -> None:
+    # A first-use build takes about a minute for sm90 and blocks the first CUDA call: say so on
+    # stderr even where logging is not configured.
+    log.info(message)
+    print(message, file=sys.stderr, flush=True)
+
+
 @functools.lru_cache(maxsize=None)
 def load_library(library: str) -> str:
-    """Loads (building on first use) one of LIBRARIES; returns the path of the shared object."""
-    aot = _aot_library() if library == "prep" else None
-    if aot is not None and os.environ.get("DDTREE_FORCE_JIT", "0") != "1":
-        torch.ops.load_library(str(aot))
-        return str(aot)
+    """Loads one of LIBRARIES: the ahead-of-time build when one matches, else the JIT build
+    (compiled on first use, then from the cache); returns the path of the shared object."""
+    arch = gpu_arch()
+    if library == "sm90" and arch != "90a":
+        raise RuntimeError(f"ddtree_op: the sm90 kernel needs an sm_90 GPU (Hopper); this one is sm_{arch}")
+    if os.environ.get("DDTREE_FORCE_JIT", "0") != "1":
+        aot = _aot_library(library, arch)
+        if aot is not None:
+            torch.ops.load_library(str(aot))
+            log.info("ddtree_op: loaded the ahead-of-time %s library %s", library, aot)
+            return str(aot)
     from torch.utils.cpp_extension import load
 
-    arch = gpu_arch()
-    include = [str(kernel_source_dir())]
-    if library == "sm90":
-        if arch != "90a":
-            raise RuntimeError(f"ddtree_op: the CUTLASS kernel needs an sm_90 GPU (Hopper); this one is sm_{arch}")
-        include.append(str(cutlass_include_dir()))  # raises with the install hint when missing
+    include = include_dirs(library)
     key = build_key(arch, library)
     name = f"ddtree_{library}_{key}"
     build_dir = cache_root() / f"sm{arch}" / name
@@ -156,9 +203,10 @@ def load_library(library: str) -> str:
         if stale.exists():
             log.warning("ddtree_op: removing a stale build lock %s left by an interrupted build", stale)
             stale.unlink()
-        if not built.exists():
-            msg = f"ddtree_op: compiling the {library} CUDA kernels for sm_{arch} (first use; takes a while, cached in {build_dir})"
-            log.warning(msg)
+        fresh = not built.exists()
+        if fresh:
+            _notice(f"ddtree_op: JIT-compiling the {library} CUDA library for sm_{arch} (first use; cached in {build_dir})")
+            start = time.perf_counter()
         flags = cuda_build_flags(arch)
         path = load(
             name=name,
@@ -170,5 +218,6 @@ def load_library(library: str) -> str:
             is_python_module=False,
             verbose=os.environ.get("DDTREE_BUILD_VERBOSE", "0") == "1",
         )
+        if fresh:
+            _notice(f"ddtree_op: built the {library} CUDA library in {time.perf_counter() - start:.1f} s")
     return str(path if path else built)
-

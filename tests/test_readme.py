@@ -1,0 +1,25 @@
+"""The README keeps up with the code: every environment variable the package reads is in its table."""
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def variables_read_by(paths):
+    names = set()
+    for path in paths:
+        text = path.read_text()
+        names |= set(re.findall(r"""environ(?:\.get)?\(\s*["'](DDTREE_\w+)""", text))
+        names |= set(re.findall(r"""environ\[\s*["'](DDTREE_\w+)""", text))
+        # Variables named through a module constant, e.g. DISABLE_SM90_ENV = "DDTREE_DISABLE_SM90".
+        names |= set(re.findall(r"""_ENV\s*=\s*["'](DDTREE_\w+)""", text))
+    return names
+
+
+def test_every_environment_variable_is_in_the_readme_table():
+    read = variables_read_by(list((REPO / "ddtree_op").rglob("*.py")) + [REPO / "setup.py"])
+    assert {"DDTREE_CHECK", "DDTREE_CUDA_ARCH", "DDTREE_FORCE_JIT", "DDTREE_AOT_BUILD"} <= read
+    table = set(re.findall(r"^\| `(DDTREE_\w+)` \|", (REPO / "README.md").read_text(), flags=re.M))
+    assert read <= table, f"not in the README's table: {sorted(read - table)}"
+    assert table <= read, f"in the README's table but read nowhere: {sorted(table - read)}"
