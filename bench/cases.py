@@ -48,7 +48,7 @@ def ragged(prefix: int, batch: int) -> tuple[int, ...]:
 
 
 def grid_cases() -> list[Case]:
-    """The kernel-notes grid: H in {16,128}, n in {4,16,64}, B in {1,8,32}, P in {1k,8k}, less
+    """The benchmark grid: H in {16,128}, n in {4,16,64}, B in {1,8,32}, P in {1k,8k}, less
     the one shape too large to be a realistic verify step (H=128, n=64, B=32, P=8k)."""
     cases = []
     for heads in (16, 128):

@@ -24,7 +24,7 @@ def _combine_splits_kernel(
 ):
     """Merges the NUM_SPLITS partial (out, lse) pairs of one valid row by their LSE; program
     (r, j) does row r, columns [j * BLOCK_D, +BLOCK_D). All splits are loaded at once as one
-    [SPLITS_POW2, BLOCK_D] tile (a loop over 64 splits of partials cost ~20 us at B = 1), and no
+    [SPLITS_POW2, BLOCK_D] tile (a loop over the splits would wait once per split), and no
     load waits for another: the row count, the LSEs and the partials go out together, so a program
     waits for one memory round trip. Rows past qo_indptr[B] are read (the grid covers T * H rows,
     all inside the buffers) but not stored."""

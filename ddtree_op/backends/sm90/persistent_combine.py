@@ -14,9 +14,8 @@ import triton.language as tl
 from ...contract import CUT_COST_UNITS, LATENT_DIM, ROWS_PER_BLOCK, UNIT_KEYS
 
 # A program merges 4 rows from 4 slots per memory round trip ([4, 4, 512] fp32: 32 per thread of
-# 8 warps): equal shares rarely cut a row block more than 3 times. (64 programs per row block of
-# one row and up to 16 slots each took 15-25 us even when no row block needed merging: their
-# registers left room for few programs per SM.)
+# 8 warps): equal shares rarely cut a row block more than 3 times. One row per program needs 64
+# programs per row block, whose registers leave room for few programs per SM (docs/kernel-log.md, v8).
 SLOT_BLOCK = 4
 ROWS_PER_PROGRAM = 4
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from ...contract import CUT_COST_UNITS, ROWS_PER_BLOCK, UNIT_KEYS
 
 # CUT_COST_UNITS: what an equal share pays over its units, in units: its cut row blocks' second
-# prologue and fp32 epilogue, the combine, and cache misses of CTAs that are no longer in step.
+# prologue and fp32 epilogue, the combine, and cache misses of CTAs that are no longer in step
+# (measured: docs/kernel-log.md, v8).
 # The persistent kernel is used where the split schedule has one CTA per row block (splits = 1),
 # in one or two waves: there the longest request sets the time. With more waves the hardware's
 # CTA scheduler balances well, and with splits its pieces are already short. It also needs
