@@ -43,7 +43,7 @@ def _combine_persistent_kernel(
     total = tl.maximum(tl.sum(items, 0), 1)
     all_blocks = tl.sum(blocks, 0)
     used = tl.minimum(total, num_ctas)
-    # The kernel's choice (balanced_plan.cuh: plan_batch).
+    # The kernel's choice (cutlass_kernels/sm90/persistent_plan.cuh: plan_batch).
     longest = tl.max(tl.where(blocks > 0, (units + splits - 1) // splits, 0), 0)
     waves = (all_blocks * splits + num_ctas - 1) // num_ctas
     share = (total + used - 1) // used
