@@ -6,7 +6,7 @@ import torch
 
 from . import ops
 from .environment import CHECK_ENV, flag
-from .checks import check_verify_inputs, check_verify_shapes, kv_rows
+from .checks import check_kv_scale, check_verify_inputs, check_verify_shapes, kv_rows
 from .contract import LATENT_DIM, PACKED_MASK_BITS
 
 
@@ -43,10 +43,13 @@ def mla_tree_verify(
     lse: torch.Tensor | None = None,
     max_draft_len: int | None = None,
     backend: str = "auto",
+    kv_scale: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tree-masked MLA attention of the verify step of tree speculative decoding.
 
-    q [T_pad, H, 576] bf16/fp16; kv_cache [S, 576] or [S, 1, 576] (same dtype, row stride >= 576).
+    q [T_pad, H, 576] bf16/fp16; kv_cache [S, 576] or [S, 1, 576] (same dtype, row stride >= 576),
+    or an FP8 cache: float8_e4m3fn or the uint8 bytes of it, value = stored x `kv_scale` (a python
+    float or a float32 tensor of one element read on the device; default 1).
     Request b's keys are its prefix `kv_indices[kv_indptr[b]:kv_indptr[b+1]]` followed by its
     drafts `out_cache_loc[qo_indptr[b]:qo_indptr[b+1]]`; V is the first 512 columns of each key row.
     tree_mask follows `mask_layout` ("full", "qlen" or "packed"; see README). `max_draft_len`
@@ -68,18 +71,31 @@ def mla_tree_verify(
             tree_mask=tree_mask, mask_indptr=mask_indptr, sm_scale=sm_scale, mask_layout=mask_layout,
             out=out, lse=lse, max_draft_len=max_draft_len,
         )
+    check_kv_scale(kv_cache, kv_scale, q.device)
     rows = kv_rows(kv_cache)
     num_rows = q.shape[0]
     words = mask_words_per_row(tree_mask, mask_layout, num_rows, max_draft_len)
     verify_indptr, verify_indices, mask_words = ops.prepare_verify(
         qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout, num_rows, words
     )
+    return attend(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend, kv_scale)
+
+
+def attend(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend, kv_scale=None):
+    """The attention op over prepared inputs (both entry points): `rows` is the [S, 576] pool, a
+    uint8 one read as the float8_e4m3fn bytes it holds."""
     sm_scale = float(sm_scale)
+    if rows.dtype == torch.uint8:
+        rows = rows.view(torch.float8_e4m3fn)
+    scale_tensor = kv_scale if isinstance(kv_scale, torch.Tensor) else None
+    scale_value = 1.0 if kv_scale is None or scale_tensor is not None else float(kv_scale)
     if out is None and lse is None:
-        return ops.tree_attention(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend)
+        return ops.tree_attention(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend,
+                                  scale_tensor, scale_value)
     if out is None:
         out = q.new_empty((q.shape[0], q.shape[1], LATENT_DIM))
     if lse is None:
         lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
-    ops.tree_attention_into(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend)
+    ops.tree_attention_into(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend,
+                            scale_tensor, scale_value)
     return out, lse

@@ -15,6 +15,8 @@ from .contract import LATENT_DIM, MASK_LAYOUTS, PACKED_MASK_BITS, QK_DIM
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 ATTENTION_DTYPES = (torch.bfloat16, torch.float16)
+# An FP8 e4m3 cache, or the uint8 bytes of one (SGLang's storage), read with a per-tensor scale.
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 
 
 def _fail(name: str, expected: str, got: str) -> None:
@@ -62,8 +64,8 @@ def check_verify_shapes(
     _check_tensor("kv_cache", kv_cache, device=dev)
     if kv_cache.dim() not in (2, 3) or kv_cache.shape[-1] != QK_DIM or (kv_cache.dim() == 3 and kv_cache.shape[1] != 1):
         _fail("kv_cache", f"[S, {QK_DIM}] or [S, 1, {QK_DIM}]", f"shape {tuple(kv_cache.shape)}")
-    if kv_cache.dtype != q.dtype:
-        _fail("kv_cache", f"of the dtype of q ({q.dtype})", str(kv_cache.dtype))
+    if kv_cache.dtype != q.dtype and kv_cache.dtype not in FP8_KV_DTYPES:
+        _fail("kv_cache", f"of the dtype of q ({q.dtype}), or float8_e4m3fn (or its uint8 bytes)", str(kv_cache.dtype))
     rows = kv_rows(kv_cache)
     if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) < QK_DIM):
         _fail("kv_cache", f"contiguous in its last dimension with row stride >= {QK_DIM}", f"strides {kv_cache.stride()}")
@@ -123,6 +125,21 @@ def _check_slots(name: str, slots: torch.Tensor, num_slots: int) -> None:
     if slots.numel() and bool(((slots < 0) | (slots >= num_slots)).any()):
         bad = slots[(slots < 0) | (slots >= num_slots)][:4].tolist()
         raise ValueError(f"ddtree_op: argument '{name}' holds slot ids outside [0, {num_slots}) (the rows of kv_cache): {bad}")
+
+
+def check_kv_scale(kv_cache, kv_scale, device) -> None:
+    """kv_scale: None, or for an FP8 cache a finite python float or a float32 tensor of one
+    element on the device of q (read there, so it may change between CUDA-graph replays)."""
+    if kv_scale is None:
+        return
+    if kv_cache.dtype not in FP8_KV_DTYPES:
+        _fail("kv_scale", f"None for a {kv_cache.dtype} kv_cache (a scale is for an FP8 cache)", repr(kv_scale))
+    if isinstance(kv_scale, torch.Tensor):
+        _check_tensor("kv_scale", kv_scale, dtypes=(torch.float32,), device=device)
+        if kv_scale.numel() != 1:
+            _fail("kv_scale", "a float32 tensor of one element", f"shape {tuple(kv_scale.shape)}")
+    elif isinstance(kv_scale, bool) or not isinstance(kv_scale, (float, int)) or not math.isfinite(kv_scale):
+        _fail("kv_scale", "a finite float or a float32 tensor of one element", repr(kv_scale))
 
 
 def check_verify_inputs(

@@ -24,12 +24,14 @@ def prepare_verify_fake(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_ma
     return verify_indptr, verify_indices, mask_words
 
 
-def tree_attention_fake(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend="auto"):
+def tree_attention_fake(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend="auto", kv_scale=None,
+                        kv_scale_value=1.0):
     tokens, heads = q.shape[0], q.shape[1]
     out = q.new_empty((tokens, heads, LATENT_DIM))
     lse = q.new_empty((tokens, heads), dtype=torch.float32)
     return out, lse
 
 
-def tree_attention_into_fake(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend="auto"):
+def tree_attention_into_fake(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend="auto",
+                             kv_scale=None, kv_scale_value=1.0):
     return None

@@ -30,8 +30,11 @@ _ATTENTION_ARGS = (
     "Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor verify_indptr, Tensor verify_indices,"
     " Tensor mask_words, float sm_scale"
 )
-_lib.define(f"tree_attention({_ATTENTION_ARGS}, str backend='auto') -> (Tensor out, Tensor lse)")
-_lib.define(f"tree_attention_into({_ATTENTION_ARGS}, Tensor(a!) out, Tensor(b!) lse, str backend='auto') -> ()")
+# An FP8 (float8_e4m3fn) kv_cache is dequantized by kv_scale (float32 [1], read on the device) or
+# else by kv_scale_value; other caches ignore both.
+_SCALE_ARGS = "Tensor? kv_scale=None, float kv_scale_value=1.0"
+_lib.define(f"tree_attention({_ATTENTION_ARGS}, str backend='auto', {_SCALE_ARGS}) -> (Tensor out, Tensor lse)")
+_lib.define(f"tree_attention_into({_ATTENTION_ARGS}, Tensor(a!) out, Tensor(b!) lse, str backend='auto', {_SCALE_ARGS}) -> ()")
 
 
 def _build_verify_indices_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc):
@@ -68,14 +71,18 @@ _lib.impl("prepare_verify", prep.prepare_verify, "CPU")
 _lib.impl("prepare_verify", _prepare_verify_cuda, "CUDA")
 
 
-def _tree_attention_into(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend="auto"):
-    backends.run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend)
+def _tree_attention_into(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend="auto",
+                         kv_scale=None, kv_scale_value=1.0):
+    backends.run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend,
+                                kv_scale, kv_scale_value)
 
 
-def _tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend="auto"):
+def _tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend="auto", kv_scale=None,
+                    kv_scale_value=1.0):
     out = q.new_empty((q.shape[0], q.shape[1], LATENT_DIM))
     lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
-    _tree_attention_into(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend)
+    _tree_attention_into(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend,
+                         kv_scale, kv_scale_value)
     return out, lse
 
 

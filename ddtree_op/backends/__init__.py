@@ -145,11 +145,19 @@ def reset_dispatch_cache() -> None:
     environment.reset()
 
 
-def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend):
-    chosen = choose(q.device, canonical_backend(backend), input_class(q, kv_cache, out))
+def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend,
+                       kv_scale=None, kv_scale_value=1.0):
+    inputs = input_class(q, kv_cache, out)
+    chosen = choose(q.device, canonical_backend(backend), inputs)
     args = (q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse)
+    # Only an FP8 cache carries a scale, and only backends that accept one are handed it.
+    fp8 = inputs.kv_dtype == torch.float8_e4m3fn
+    if fp8 and not chosen.accepts(inputs):
+        raise ValueError(f"ddtree_op: backend {chosen.name!r} takes no FP8 (float8_e4m3fn) KV cache; use backend='triton', "
+                         "'reference' or 'auto'")
+    scale = dict(kv_scale=kv_scale, kv_scale_value=kv_scale_value) if fp8 else {}
     if q.device.type != "cuda":
-        chosen.run(*args)
+        chosen.run(*args, **scale)
         return
     with torch.cuda.device(q.device):
-        chosen.run(*args)
+        chosen.run(*args, **scale)

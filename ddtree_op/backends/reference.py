@@ -28,8 +28,13 @@ def tree_attention_reference(
     sm_scale: float,
     out: torch.Tensor,
     lse: torch.Tensor,
+    kv_scale: torch.Tensor | None = None,
+    kv_scale_value: float = 1.0,
 ) -> None:
-    """Writes out [T_pad, H, 512] (dtype of q) and lse [T_pad, H] float32 in place."""
+    """Writes out [T_pad, H, 512] (dtype of q) and lse [T_pad, H] float32 in place. An FP8 cache
+    holds stored values; the keys are stored x kv_scale (the float32 tensor, else kv_scale_value),
+    dequantized row by row as they are gathered, never the whole cache."""
+    scale = kv_scale.float().reshape(()) if kv_scale is not None else kv_scale_value
     out.zero_()
     lse.fill_(float("-inf"))
     qo = qo_indptr.tolist()
@@ -38,7 +43,7 @@ def tree_attention_reference(
         row0, num_draft = qo[b], qo[b + 1] - qo[b]
         if num_draft == 0:
             continue
-        keys = kv_cache[verify_indices[vi[b] : vi[b + 1]].long()].float()  # [L, 576]
+        keys = kv_cache[verify_indices[vi[b] : vi[b + 1]].long()].float() * scale  # [L, 576]
         prefix_len = keys.shape[0] - num_draft
         queries = q[row0 : row0 + num_draft].float()  # [n, H, 576]
         scores = torch.einsum("nhd,ld->nhl", queries, keys) * sm_scale

@@ -27,8 +27,8 @@ def sm90_accepts(q: torch.Tensor, kv_rows: torch.Tensor, out: torch.Tensor) -> b
 
 
 def accepts(inputs) -> bool:
-    """`inputs`: a backends.InputClass."""
-    return inputs.rows_16b_aligned
+    """`inputs`: a backends.InputClass. No FP8 cache yet: "auto" sends it to the Triton kernel."""
+    return inputs.rows_16b_aligned and inputs.kv_dtype != torch.float8_e4m3fn
 
 
 run = tree_attention_sm90

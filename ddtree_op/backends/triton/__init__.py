@@ -9,7 +9,9 @@ first use, so that a CPU-only install without Triton imports ddtree_op.
 from __future__ import annotations
 
 
-def run(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse) -> None:
+def run(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, kv_scale=None,
+        kv_scale_value=1.0) -> None:
     from .attention import tree_attention_triton
 
-    tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse)
+    tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse,
+                          kv_scale=kv_scale, kv_scale_value=kv_scale_value)

@@ -1,6 +1,6 @@
 """Triton fallback of the attention op over combined indices (any CUDA GPU Triton supports).
 
-Structure (see docs in kernel notes): a program owns BLOCK_M packed (draft row, head) rows of one
+Structure (docs/kernel-design.md): a program owns BLOCK_M packed (draft row, head) rows of one
 request, so every gathered 576-wide KV row is loaded once for all of them. The request's keys
 are [prefix ‖ drafts] through `verify_indices`; the prefix loop needs no mask, the draft loop
 reads one 64-bit mask word per (row, column). The key range can be split across programs
@@ -39,8 +39,11 @@ def _attend_tile(
     col_ok = cols < kv_end
     slot = tl.load(verify_indices_ptr + kv_lo + cols, mask=col_ok, other=0).to(tl.int64)
     key_row = kv_ptr + slot * stride_kv
+    # An FP8 cache is widened to q's dtype in registers (exact); its scale is applied outside.
     k_latent = tl.load(key_row[:, None] + tl.arange(0, D_LATENT)[None, :], mask=col_ok[:, None], other=0.0)
+    k_latent = k_latent.to(q_latent.dtype)
     k_rope = tl.load(key_row[:, None] + D_LATENT + tl.arange(0, D_ROPE)[None, :], mask=col_ok[:, None], other=0.0)
+    k_rope = k_rope.to(q_rope.dtype)
     scores = tl.dot(q_latent, tl.trans(k_latent))
     scores = tl.dot(q_rope, tl.trans(k_rope), scores)
     scores = scores * scale_log2
@@ -60,6 +63,7 @@ def _attend_tile(
         values = k_latent
     else:  # this program owns output columns dv0 .. dv0 + DV (a re-read that hits L1/L2)
         values = tl.load(key_row[:, None] + dv0 + tl.arange(0, DV)[None, :], mask=col_ok[:, None], other=0.0)
+        values = values.to(q_latent.dtype)
     acc = tl.dot(p.to(values.dtype), values, acc)
     return m_new, l_i, acc
 
@@ -73,11 +77,18 @@ def _tree_attention_kernel(
     out_ptr, stride_ot, stride_oh,
     lse_ptr, stride_lt, stride_lh,
     part_out_ptr, part_lse_ptr,
-    num_tokens, batch, scale_log2,
+    num_tokens, batch, scale_log2, kv_scale_ptr, kv_scale_value,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BATCH_POW2: tl.constexpr, NUM_SPLITS: tl.constexpr, DV_PARTS: tl.constexpr,
+    BATCH_POW2: tl.constexpr, NUM_SPLITS: tl.constexpr, DV_PARTS: tl.constexpr, SCALE_FROM_PTR: tl.constexpr,
 ):
     DV: tl.constexpr = D_LATENT // DV_PARTS
+    # The per-tensor KV scale s (value = stored * s) is exact to apply outside the dots: scores
+    # are sm_scale * s * (q . stored), and out = s * (softmax . stored V).
+    if SCALE_FROM_PTR:
+        kv_scale = tl.load(kv_scale_ptr).to(tl.float32)  # read on the device: may change between graph replays
+    else:
+        kv_scale = kv_scale_value
+    scale_log2 = scale_log2 * kv_scale
     pid_block = tl.program_id(0)
     pid_split = tl.program_id(1) // DV_PARTS
     pid_dv = tl.program_id(1) % DV_PARTS
@@ -138,7 +149,7 @@ def _tree_attention_kernel(
                                          kv0, kv_end, prefix_len, mask_row_ptr, row_ok, scale_log2, dv0, True, BLOCK_N, DV)
 
         saw_any = l_i > 0.0
-        o = acc / tl.where(saw_any, l_i, 1.0)[:, None]
+        o = acc * (kv_scale / tl.where(saw_any, l_i, 1.0))[:, None]
         lse = tl.where(saw_any, (m_i + tl.log2(tl.where(saw_any, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
         cols = dv0 + tl.arange(0, DV)
         if NUM_SPLITS == 1:
@@ -161,7 +172,9 @@ DV_PARTS = 1
 
 def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse,
                           block_m=BLOCK_M, block_n=BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES, num_splits=None,
-                          dv_parts=DV_PARTS):
+                          dv_parts=DV_PARTS, kv_scale=None, kv_scale_value=1.0):
+    """kv_cache may be float8_e4m3fn (rows widened to q's dtype in registers); its scale is the
+    float32 tensor kv_scale (one element, read on the device) or else the float kv_scale_value."""
     num_tokens, heads = q.shape[0], q.shape[1]
     batch = qo_indptr.numel() - 1
     if num_tokens == 0:
@@ -183,9 +196,10 @@ def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices,
         out, out.stride(0), out.stride(1),
         lse, lse.stride(0), lse.stride(1),
         part_out, part_lse,
-        num_tokens, batch, sm_scale * LOG2E,
+        num_tokens, batch, sm_scale * LOG2E, lse if kv_scale is None else kv_scale, float(kv_scale_value),
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n,
         BATCH_POW2=triton.next_power_of_2(max(batch, 1)), NUM_SPLITS=num_splits, DV_PARTS=dv_parts,
+        SCALE_FROM_PTR=kv_scale is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
