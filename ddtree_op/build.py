@@ -154,11 +154,14 @@ def aot_module_name(library: str, arch: str) -> str:
     return f"_aot_{library}_{build_key(arch, library)}"
 
 
+AOT_DIR = _PACKAGE_DIR  # where setup.py's build_ext puts the ahead-of-time libraries
+
+
 def _aot_library(library: str, arch: str) -> Path | None:
-    found = sorted(_PACKAGE_DIR.glob(f"{aot_module_name(library, arch)}.*so"))
+    found = sorted(AOT_DIR.glob(f"{aot_module_name(library, arch)}.*so"))
     if found:
         return found[0]
-    if any(_PACKAGE_DIR.glob(f"_aot_{library}_*.so")):
+    if any(AOT_DIR.glob(f"_aot_{library}_*.so")):
         log.info("ddtree_op: the ahead-of-time %s library was built for another arch, torch, flags or sources; "
                  "JIT-building for sm_%s", library, arch)
     return None

@@ -1,5 +1,6 @@
 """The CUDA build's pure-Python parts: sources per library, cache keys, shipped sources."""
 
+import re
 import subprocess
 import sys
 import zipfile
@@ -57,3 +58,48 @@ def test_wheel_ships_every_kernel_source(tmp_path):
 
 def test_kernel_sources_are_found_in_the_checkout():
     assert (build.kernel_source_dir() / "registration.cpp").is_file()
+
+
+def fake_jit_load(calls):
+    def load(name, build_directory, **kwargs):
+        calls.append(name)
+        (Path(build_directory) / f"{name}.so").write_bytes(b"")
+
+    return load
+
+
+def test_jit_build_says_when_it_starts_and_how_long_it_took(tmp_path, monkeypatch, capsys):
+    import torch.utils.cpp_extension
+
+    monkeypatch.setenv("DDTREE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DDTREE_CUDA_ARCH", "80")
+    monkeypatch.setattr(build, "AOT_DIR", tmp_path / "no_aot")
+    calls = []
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", fake_jit_load(calls))
+    build.load_library.__wrapped__("prep")
+    err = capsys.readouterr().err
+    assert "ddtree_op: JIT-compiling the prep CUDA library for sm_80 (first use; cached in" in err
+    assert re.search(r"ddtree_op: built the prep CUDA library in \d+\.\d s", err)
+    build.load_library.__wrapped__("prep")  # cached: loaded again, announced no more
+    assert capsys.readouterr().err == "" and len(calls) == 2
+
+
+def test_aot_library_is_loaded_only_where_its_key_matches(tmp_path, monkeypatch):
+    import torch.utils.cpp_extension
+
+    monkeypatch.setenv("DDTREE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DDTREE_CUDA_ARCH", "80")
+    monkeypatch.setattr(build, "AOT_DIR", tmp_path)
+    loaded, jit = [], []
+    monkeypatch.setattr(torch.ops, "load_library", loaded.append)
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", fake_jit_load(jit))
+    other = tmp_path / f"{build.aot_module_name('prep', '90a')}.cpython-311-x86_64-linux-gnu.so"
+    other.write_bytes(b"")  # built for another arch: ignored
+    build.load_library.__wrapped__("prep")
+    assert loaded == [] and len(jit) == 1
+    match = tmp_path / f"{build.aot_module_name('prep', '80')}.cpython-311-x86_64-linux-gnu.so"
+    match.write_bytes(b"")
+    assert build.load_library.__wrapped__("prep") == str(match) and loaded == [str(match)]
+    monkeypatch.setenv("DDTREE_FORCE_JIT", "1")
+    build.load_library.__wrapped__("prep")
+    assert loaded == [str(match)] and len(jit) == 2
