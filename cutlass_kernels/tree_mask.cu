@@ -1,5 +1,6 @@
 // The mask-conversion op (tree_mask.cuh has the layouts): one launch on the current stream, no
-// host reads, so it is capturable in CUDA graphs.
+// host reads, so it is capturable in CUDA graphs. It sanitizes the batch with what it knows
+// (rows bounded by num_rows; no kv_indices, so prefix ends are not bounded).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -12,9 +13,11 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void convert_tree_mask_kernel(TreeMaskArgs args) {
+__global__ void __launch_bounds__(kThreads) convert_tree_mask_kernel(ddtree::BatchLimits limits, TreeMaskArgs args) {
+  const ddtree::StatusView no_status{nullptr};
+  const ddtree::SanitizedBatch batch = ddtree::sanitize_batch(limits, no_status, false);
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  convert_tree_mask_word(args, thread / 32, threadIdx.x % 32);  // one warp per word
+  convert_tree_mask_word(args, batch, no_status, thread / 32, threadIdx.x % 32);  // one warp per word
 }
 
 at::Tensor convert_tree_mask_cuda(const at::Tensor& tree_mask, const c10::optional<at::Tensor>& mask_indptr,
@@ -23,8 +26,12 @@ at::Tensor convert_tree_mask_cuda(const at::Tensor& tree_mask, const c10::option
   const c10::cuda::CUDAGuard guard(qo_indptr.device());
   auto [args, words] = make_tree_mask_args(tree_mask, mask_indptr, qo_indptr, kv_indptr, layout, num_rows, words_per_row);
   if (args.num_words() == 0) return words;
+  TORCH_CHECK(kv_indptr.numel() >= qo_indptr.numel(), "ddtree_op: kv_indptr must have at least B+1 entries");
+  const int packed_width = packed_mask_width(tree_mask, layout);
+  const ddtree::BatchLimits limits = ddtree::make_batch_limits(
+      qo_indptr, kv_indptr, c10::nullopt, num_rows, ddtree::kClampHigh, ddtree::kClampHigh, 64 * words_per_row, 0, packed_width);
   const int blocks = static_cast<int>((args.num_words() * 32 + kThreads - 1) / kThreads);
-  convert_tree_mask_kernel<<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(args);
+  convert_tree_mask_kernel<<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(limits, args);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return words;
 }

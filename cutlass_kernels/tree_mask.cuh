@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "index_view.cuh"
+#include "verify_status.cuh"
 
 enum class MaskLayout : int { kFull = 0, kQlen = 1, kPacked = 2 };
 
@@ -20,7 +21,7 @@ struct TreeMaskArgs {
   int packed_bytes;
   IndexView mask_indptr;
   bool has_mask_indptr;
-  IndexView qo_indptr, kv_indptr;
+  IndexView qo_indptr, kv_indptr;  // read by the overload without a batch view (trusted indptrs)
   int batch;
   MaskLayout layout;
   int64_t num_rows;
@@ -29,55 +30,92 @@ struct TreeMaskArgs {
   int64_t num_words() const { return num_rows * words_per_row; }
 };
 
+// Indptrs that are already monotone and in range (the paged preparation's scan output), seen
+// through the interface of ddtree::SanitizedBatch.
+struct TrustedBatch {
+  IndexView qo, kv;
+  __device__ __forceinline__ int64_t qo_at(int b) const { return qo[b]; }
+  __device__ __forceinline__ bool is_void(int) const { return false; }
+  __device__ __forceinline__ int64_t num_draft(int b) const { return qo[b + 1] - qo[b]; }
+  __device__ __forceinline__ int64_t prefix_len(int b) const { return kv[b + 1] - kv[b]; }
+};
+
+template <class Batch>
+struct RowsOf {
+  const Batch* s;
+  __device__ __forceinline__ int64_t operator[](int64_t b) const { return s->qo_at(static_cast<int>(b)); }
+};
+
 // The whole warp calls this with the same word index `idx`: lane j reads bytes j and 32 + j of
-// the row's 64-column window (coalesced) and two ballots make the word.
-__device__ __forceinline__ void convert_tree_mask_word(const TreeMaskArgs& a, int64_t idx, int lane) {
+// the row's 64-column window (coalesced) and two ballots make the word. Rows are those of the
+// batch view (verify_status.cuh's sanitized batch, or TrustedBatch); a cell outside the mask
+// reads as "not visible" and records a fault for its request.
+template <class Batch>
+__device__ __forceinline__ void convert_tree_mask_word(const TreeMaskArgs& a, const Batch& s,
+                                                       const ddtree::StatusView& status, int64_t idx, int lane) {
   if (idx >= a.num_rows * a.words_per_row) return;  // warp-uniform
   const int64_t row = idx / a.words_per_row;
   const int word = static_cast<int>(idx % a.words_per_row);
+  const RowsOf<Batch> rows{&s};
   uint64_t bits = 0;
-  if (a.batch > 0 && row >= a.qo_indptr[0] && row < a.qo_indptr[a.batch]) {
-    const int b = owning_request(a.qo_indptr, a.batch, row);
-    const int64_t draft_row = row - a.qo_indptr[b];
-    const int64_t num_draft = a.qo_indptr[b + 1] - a.qo_indptr[b];
+  bool outside = false;
+  if (a.batch > 0 && row < rows[a.batch]) {
+    const int b = owning_request(rows, a.batch, row);
+    const int64_t draft_row = row - rows[b];
+    const int64_t num_draft = s.num_draft(b);
     const int64_t col0 = static_cast<int64_t>(word) * 64;
     const int64_t remaining = num_draft - col0;
     const int count = remaining >= 64 ? 64 : static_cast<int>(remaining);
-    if (count > 0) {
+    if (count > 0 && !s.is_void(b)) {
       if (a.layout == MaskLayout::kPacked) {
-        if (word == 0 && row < a.mask_numel) {
-          uint64_t raw = 0;
-          for (int k = 0; k < a.packed_bytes; ++k) raw |= static_cast<uint64_t>(a.mask[row * a.packed_bytes + k]) << (8 * k);
-          bits = count >= 64 ? raw : raw & ((uint64_t{1} << count) - 1);
+        if (word == 0) {
+          if (row < a.mask_numel) {
+            uint64_t raw = 0;
+            for (int k = 0; k < a.packed_bytes; ++k) raw |= static_cast<uint64_t>(a.mask[row * a.packed_bytes + k]) << (8 * k);
+            bits = count >= 64 ? raw : raw & ((uint64_t{1} << count) - 1);
+          } else {
+            outside = true;
+          }
         }
       } else {
-        int64_t start;
+        uint64_t start;  // unsigned: any offset wraps instead of overflowing, and one compare bounds it
         if (a.layout == MaskLayout::kFull) {
-          const int64_t prefix_len = a.kv_indptr[b + 1] - a.kv_indptr[b];
-          start = a.mask_indptr[b] + draft_row * (prefix_len + num_draft) + prefix_len + col0;
+          const int64_t prefix_len = s.prefix_len(b);
+          start = static_cast<uint64_t>(a.mask_indptr[b]) + static_cast<uint64_t>(draft_row * (prefix_len + num_draft) + prefix_len + col0);
         } else {
-          int64_t block = 0;
+          uint64_t block = 0;
           if (a.has_mask_indptr) {
-            block = a.mask_indptr[b];
+            block = static_cast<uint64_t>(a.mask_indptr[b]);
           } else {
             for (int e = 0; e < b; ++e) {
-              const int64_t n = a.qo_indptr[e + 1] - a.qo_indptr[e];
-              block += n * n;
+              const int64_t n = s.num_draft(e);
+              block += static_cast<uint64_t>(n * n);
             }
           }
-          start = block + draft_row * num_draft + col0;
+          start = block + static_cast<uint64_t>(draft_row * num_draft + col0);
         }
-        auto sees = [&](int j) {
-          const int64_t at = start + j;
-          return j < count && at >= 0 && at < a.mask_numel && a.mask[at] != 0;
-        };
+        const uint64_t numel = static_cast<uint64_t>(a.mask_numel);
+        auto inside = [&](int j) { return j >= count || start + j < numel; };
+        auto sees = [&](int j) { return j < count && start + j < numel && a.mask[start + j] != 0; };
         const uint32_t low = __ballot_sync(0xffffffffu, sees(lane));
         const uint32_t high = __ballot_sync(0xffffffffu, sees(32 + lane));
+        outside = !__all_sync(0xffffffffu, inside(lane) && inside(32 + lane));
         bits = static_cast<uint64_t>(low) | (static_cast<uint64_t>(high) << 32);
       }
+      if (outside && lane == 0) status.record(ddtree::kMaskRange, b);
     }
   }
   if (lane == 0) a.words[idx] = static_cast<int64_t>(bits);
+}
+
+// The same over the args' own indptrs, taken as already sanitized; no status.
+__device__ __forceinline__ void convert_tree_mask_word(const TreeMaskArgs& a, int64_t idx, int lane) {
+  convert_tree_mask_word(a, TrustedBatch{a.qo_indptr, a.kv_indptr}, ddtree::StatusView{nullptr}, idx, lane);
+}
+
+// Bits per row of a packed mask, 0 for the byte layouts.
+inline int packed_mask_width(const at::Tensor& tree_mask, c10::string_view layout) {
+  return layout == "packed" ? static_cast<int>(tree_mask.element_size() * 8) : 0;
 }
 
 // Checks the arguments, allocates the words [num_rows, words_per_row] (int64).
@@ -96,7 +134,10 @@ inline std::tuple<TreeMaskArgs, at::Tensor> make_tree_mask_args(const at::Tensor
   check_index_tensor(qo_indptr, "qo_indptr");
   check_index_tensor(kv_indptr, "kv_indptr");
   const bool has_mask_indptr = mask_indptr.has_value();
-  if (has_mask_indptr) check_index_tensor(*mask_indptr, "mask_indptr");
+  if (has_mask_indptr) {
+    check_index_tensor(*mask_indptr, "mask_indptr");
+    TORCH_CHECK(mask_indptr->numel() >= qo_indptr.numel(), "ddtree_op: argument 'mask_indptr' must have at least B+1 entries");
+  }
   at::Tensor words = at::empty({num_rows, words_per_row}, qo_indptr.options().dtype(at::kLong));
   const TreeMaskArgs args{static_cast<const uint8_t*>(tree_mask.data_ptr()),
                           tree_mask.numel(),

@@ -1,5 +1,6 @@
 // The combined-index op (verify_indices.cuh has the layout): one launch on the current stream,
-// no host reads, so it is capturable in CUDA graphs.
+// no host reads, so it is capturable in CUDA graphs. It sanitizes the batch with what it knows
+// (no T_pad, no S: slots pass unchecked); prepare_verify is the bounds-checked path.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -12,17 +13,23 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void build_verify_indices_kernel(VerifyIndexArgs args) {
-  build_verify_index(args, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
+__global__ void __launch_bounds__(kThreads) build_verify_indices_kernel(ddtree::BatchLimits limits, VerifyIndexArgs args) {
+  const ddtree::StatusView no_status{nullptr};
+  const ddtree::SanitizedBatch batch = ddtree::sanitize_batch(limits, no_status, false);
+  build_verify_index(args, batch, no_status, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
 }
 
 std::tuple<at::Tensor, at::Tensor> build_verify_indices_cuda(const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
                                                              const at::Tensor& kv_indices,
                                                              const at::Tensor& out_cache_loc) {
   const c10::cuda::CUDAGuard guard(qo_indptr.device());
-  auto [args, verify_indptr, verify_indices] = make_verify_index_args(qo_indptr, kv_indptr, kv_indices, out_cache_loc);
+  auto [args, verify_indptr, verify_indices] =
+      make_verify_index_args(qo_indptr, kv_indptr, kv_indices, out_cache_loc, ddtree::kClampHigh);
+  const ddtree::BatchLimits limits =
+      ddtree::make_batch_limits(qo_indptr, kv_indptr, c10::nullopt, ddtree::kClampHigh, out_cache_loc.numel(),
+                                kv_indices.numel(), ddtree::kClampHigh, 0, 0);
   const int blocks = static_cast<int>((args.num_threads() + kThreads - 1) / kThreads);
-  build_verify_indices_kernel<<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(args);
+  build_verify_indices_kernel<<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(limits, args);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {verify_indptr, verify_indices};
 }

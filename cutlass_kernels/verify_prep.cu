@@ -1,7 +1,9 @@
 // The verify step's preparation in one launch: blocks [0, index_blocks) build the combined
 // indices (verify_indices.cuh, a thread per position), the others convert the tree mask
-// (tree_mask.cuh, a warp per word). Same outputs as the two separate ops, one launch fewer on
-// every verify step. On the current stream, no host reads: capturable in CUDA graphs.
+// (tree_mask.cuh, a warp per word). Every block first sanitizes the batch (verify_status.cuh:
+// staged indptrs, one block reduction), block 0 records the indptr faults, and the last block to
+// finish publishes the optional status. On the current stream, no host reads: capturable in
+// CUDA graphs.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -10,34 +12,58 @@
 
 #include "tree_mask.cuh"
 #include "verify_indices.cuh"
+#include "verify_status.cuh"
 
 namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void prepare_verify_kernel(VerifyIndexArgs index, int index_blocks, TreeMaskArgs mask) {
+__global__ void __launch_bounds__(kThreads) prepare_verify_kernel(ddtree::BatchLimits limits, VerifyIndexArgs index,
+                                                                  int index_blocks, TreeMaskArgs mask,
+                                                                  ddtree::StatusView status, ddtree::StatusInputs inputs) {
   const int block = static_cast<int>(blockIdx.x);
+  const ddtree::SanitizedBatch batch = ddtree::sanitize_batch(limits, status, block == 0);
   if (block < index_blocks) {  // block-uniform, so the mask warps below stay whole for their ballots
-    build_verify_index(index, static_cast<int64_t>(block) * blockDim.x + threadIdx.x);
+    build_verify_index(index, batch, status, static_cast<int64_t>(block) * blockDim.x + threadIdx.x);
   } else {
     const int64_t thread = static_cast<int64_t>(block - index_blocks) * blockDim.x + threadIdx.x;
-    convert_tree_mask_word(mask, thread / 32, threadIdx.x % 32);
+    convert_tree_mask_word(mask, batch, status, thread / 32, threadIdx.x % 32);
   }
+  ddtree::finish_status(status, inputs);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> prepare_verify_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> prepare_verify_cuda(
     const at::Tensor& qo_indptr, const at::Tensor& kv_indptr, const at::Tensor& kv_indices,
     const at::Tensor& out_cache_loc, const at::Tensor& tree_mask, const c10::optional<at::Tensor>& mask_indptr,
-    c10::string_view layout, int64_t num_rows, int64_t words_per_row) {
+    c10::string_view layout, int64_t num_rows, int64_t words_per_row, int64_t num_slots, int64_t max_draft_len,
+    const c10::optional<at::Tensor>& status) {
   const c10::cuda::CUDAGuard guard(qo_indptr.device());
-  auto [index, verify_indptr, verify_indices] = make_verify_index_args(qo_indptr, kv_indptr, kv_indices, out_cache_loc);
+  auto [index, verify_indptr, verify_indices] =
+      make_verify_index_args(qo_indptr, kv_indptr, kv_indices, out_cache_loc, num_slots);
   auto [mask, words] = make_tree_mask_args(tree_mask, mask_indptr, qo_indptr, kv_indptr, layout, num_rows, words_per_row);
+  at::Tensor qo_out = at::empty({qo_indptr.numel()}, qo_indptr.options().dtype(at::kInt));
+  index.qo_indptr_out = qo_out.data_ptr<int32_t>();
+  const int packed_width = packed_mask_width(tree_mask, layout);
+  const auto reads_mask_indptr = packed_width == 0 ? mask_indptr : c10::optional<at::Tensor>();
+  const ddtree::BatchLimits limits = ddtree::make_batch_limits(
+      qo_indptr, kv_indptr, reads_mask_indptr, num_rows, out_cache_loc.numel(), kv_indices.numel(),
+      64 * words_per_row, max_draft_len, packed_width);
+  ddtree::StatusView status_view{nullptr};
+  if (status.has_value()) {
+    TORCH_CHECK(status->is_cuda() && status->device() == qo_indptr.device() && status->scalar_type() == at::kInt &&
+                    status->is_contiguous() && status->numel() >= ddtree::kStatusSize,
+                "ddtree_op: argument 'status' must be a contiguous int32 tensor of ", ddtree::kStatusSize,
+                " entries on the device of q (ddtree_op.new_status)");
+    status_view.data = status->data_ptr<int32_t>();
+  }
+  const ddtree::StatusInputs inputs{view_of(qo_indptr), view_of(kv_indptr), view_of(kv_indices), view_of(out_cache_loc),
+                                    limits.mask_indptr, limits.has_mask_indptr, tree_mask.numel()};
   const int64_t index_blocks = (index.num_threads() + kThreads - 1) / kThreads;
   const int64_t mask_blocks = (mask.num_words() * 32 + kThreads - 1) / kThreads;
   prepare_verify_kernel<<<static_cast<int>(index_blocks + mask_blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      index, static_cast<int>(index_blocks), mask);
+      limits, index, static_cast<int>(index_blocks), mask, status_view, inputs);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {verify_indptr, verify_indices, words};
+  return {verify_indptr, verify_indices, words, qo_out};
 }
 
 }  // namespace

@@ -43,6 +43,7 @@ def mla_tree_verify(
     lse: torch.Tensor | None = None,
     max_draft_len: int | None = None,
     backend: str = "auto",
+    status: torch.Tensor | None = None,
     kv_scale: float | torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tree-masked MLA attention of the verify step of tree speculative decoding.
@@ -61,10 +62,17 @@ def mla_tree_verify(
     Returns (out [T_pad, H, 512] dtype of q, lse [T_pad, H] float32), written into `out`/`lse`
     when given. Rows past qo_indptr[B] get out 0 and lse -inf.
 
+    Bad index values never make a kernel read or write outside its tensors: the preparation
+    sanitizes them (a slot outside [0, S) is an invisible key; a request whose ranges are
+    inconsistent gets out 0, lse -inf). `status` (optional, `ddtree_op.new_status()`) records
+    what was sanitized, on the device and without a sync, also under CUDA-graph replay and
+    torch.compile; `ddtree_op.raise_on_status(status)` turns it into check_verify_inputs' error.
+
     The backend is chosen once per (device, backend, dtype, row alignment) and cached; the
     environment (DDTREE_CHECK, DDTREE_DISABLE_SM90) is read once per process, on first use.
     """
-    check_verify_shapes(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, sm_scale, mask_layout, out, lse, max_draft_len)
+    check_verify_shapes(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, sm_scale, mask_layout, out, lse, max_draft_len,
+                        status)
     if _eager_checks_enabled():
         check_verify_inputs(
             q, kv_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, out_cache_loc=out_cache_loc,
@@ -75,8 +83,10 @@ def mla_tree_verify(
     rows = kv_rows(kv_cache)
     num_rows = q.shape[0]
     words = mask_words_per_row(tree_mask, mask_layout, num_rows, max_draft_len)
-    verify_indptr, verify_indices, mask_words = ops.prepare_verify(
-        qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout, num_rows, words
+    # The attention op reads the sanitized qo_indptr the preparation returns, never the raw one.
+    verify_indptr, verify_indices, mask_words, qo_indptr = ops.prepare_verify(
+        qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout, num_rows, words,
+        rows.shape[0], max_draft_len or 0, status,
     )
     return attend(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend, kv_scale)
 

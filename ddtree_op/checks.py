@@ -12,8 +12,13 @@ import math
 import torch
 
 from .contract import LATENT_DIM, MASK_LAYOUTS, PACKED_MASK_BITS, QK_DIM
+from .status import check_status_tensor, new_status, raise_on_status
 
 INDEX_DTYPES = (torch.int32, torch.int64)
+INDEX_LIMIT = 2**31 - 1  # verify indices and indptrs are int32
+# |sm_scale| above this can overflow float32 logits even for q, k within the fp16 range:
+# 576 * 65504^2 * log2(e) * scale must stay below float32's max (about 3.4e38) with room to spare.
+MAX_ABS_SM_SCALE = 3.4e38 / (2 * 1.4426950408889634 * 576 * 65504.0**2)
 ATTENTION_DTYPES = (torch.bfloat16, torch.float16)
 # An FP8 e4m3 cache, or the uint8 bytes of one (SGLang's storage), read with a per-tensor scale.
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.uint8)
@@ -53,6 +58,7 @@ def check_verify_shapes(
     out=None,
     lse=None,
     max_draft_len=None,
+    status=None,
 ) -> None:
     _check_tensor("q", q, ndim=3, dtypes=ATTENTION_DTYPES)
     dev = q.device
@@ -100,6 +106,12 @@ def check_verify_shapes(
 
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (float, int)) or not math.isfinite(sm_scale):
         _fail("sm_scale", "a finite float", repr(sm_scale))
+    if abs(sm_scale) > MAX_ABS_SM_SCALE:
+        _fail("sm_scale", f"at most {MAX_ABS_SM_SCALE:.3g} in magnitude (larger scales overflow float32 logits to "
+              "inf - inf = NaN)", repr(sm_scale))
+    if kv_indices.numel() + out_cache_loc.numel() >= INDEX_LIMIT:
+        _fail("kv_indices", f"shorter than {INDEX_LIMIT} entries together with out_cache_loc (verify indices are int32)",
+              f"{kv_indices.numel()} + {out_cache_loc.numel()}")
     if max_draft_len is not None and (not isinstance(max_draft_len, int) or max_draft_len < 1):
         _fail("max_draft_len", "a positive int or None", repr(max_draft_len))
 
@@ -114,17 +126,9 @@ def check_verify_shapes(
         _check_tensor("lse", lse, ndim=2, dtypes=(torch.float32,), device=dev)
         if tuple(lse.shape) != (tokens, heads):
             _fail("lse", f"of shape {(tokens, heads)}", f"shape {tuple(lse.shape)}")
-
-
-def _check_monotone(name: str, indptr: torch.Tensor) -> None:
-    if indptr.numel() > 1 and bool((indptr[1:] < indptr[:-1]).any()):
-        raise ValueError(f"ddtree_op: argument '{name}' must be non-decreasing, got {indptr.tolist()}")
-
-
-def _check_slots(name: str, slots: torch.Tensor, num_slots: int) -> None:
-    if slots.numel() and bool(((slots < 0) | (slots >= num_slots)).any()):
-        bad = slots[(slots < 0) | (slots >= num_slots)][:4].tolist()
-        raise ValueError(f"ddtree_op: argument '{name}' holds slot ids outside [0, {num_slots}) (the rows of kv_cache): {bad}")
+    if status is not None:
+        check_status_tensor(status)
+        _check_tensor("status", status, device=dev)
 
 
 def check_kv_scale(kv_cache, kv_scale, device) -> None:
@@ -158,46 +162,17 @@ def check_verify_inputs(
     lse=None,
     max_draft_len=None,
 ) -> None:
-    """Every check of `mla_tree_verify`, including those that read index values (host sync)."""
-    check_verify_shapes(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, sm_scale, mask_layout, out, lse, max_draft_len)
-    batch = qo_indptr.numel() - 1
-    qo = qo_indptr.long().cpu()
-    kv = kv_indptr[: batch + 1].long().cpu()
-    if int(qo[0]) != 0:
-        raise ValueError(f"ddtree_op: argument 'qo_indptr' must start at 0, got {int(qo[0])}")
-    _check_monotone("qo_indptr", qo)
-    _check_monotone("kv_indptr", kv)
-    num_rows = int(qo[-1])
-    if num_rows > q.shape[0]:
-        raise ValueError(f"ddtree_op: argument 'q' has {q.shape[0]} rows but qo_indptr[B] = {num_rows} (T_pad >= qo_indptr[B] is required)")
-    if num_rows > out_cache_loc.numel():
-        raise ValueError(f"ddtree_op: argument 'out_cache_loc' has {out_cache_loc.numel()} entries but qo_indptr[B] = {num_rows}")
-    if int(kv[0]) < 0 or int(kv[-1]) > kv_indices.numel():
-        raise ValueError(f"ddtree_op: argument 'kv_indptr' spans [{int(kv[0])}, {int(kv[-1])}) but kv_indices has {kv_indices.numel()} entries")
-    num_slots = kv_cache.shape[0]
-    _check_slots("kv_indices", kv_indices[int(kv[0]) : int(kv[-1])], num_slots)
-    _check_slots("out_cache_loc", out_cache_loc[:num_rows], num_slots)
+    """Every check of `mla_tree_verify`, including those that read index values (host sync).
 
-    draft_len = qo[1:] - qo[:-1]
-    longest = int(draft_len.max()) if batch else 0
-    if mask_layout == "packed":
-        width = PACKED_MASK_BITS[tree_mask.dtype]
-        if longest > width:
-            raise ValueError(f"ddtree_op: argument 'tree_mask' is {tree_mask.dtype} ({width} bits per row) but a request has {longest} drafts")
-        if tree_mask.numel() < num_rows:
-            raise ValueError(f"ddtree_op: argument 'tree_mask' has {tree_mask.numel()} rows, qo_indptr[B] = {num_rows} are read")
-    elif batch:
-        if mask_layout == "full":
-            block = draft_len * (kv[1:] - kv[:-1] + draft_len)
-        else:
-            block = draft_len * draft_len
-        if mask_indptr is not None:
-            start = mask_indptr[:batch].long().cpu()
-            _check_monotone("mask_indptr", mask_indptr[: batch + 1].long().cpu())
-        else:
-            start = torch.cumsum(block, 0) - block
-        needed = int((start + block).max())
-        if needed > tree_mask.numel():
-            raise ValueError(f"ddtree_op: argument 'tree_mask' has {tree_mask.numel()} entries but the {mask_layout!r} layout reads up to {needed}")
-    if max_draft_len is not None and longest > max_draft_len:
-        raise ValueError(f"ddtree_op: argument 'max_draft_len' is {max_draft_len} but a request has {longest} drafts")
+    The value checks are the preparation's own (`prep.prepare_verify_checked`, the same rules as
+    the CUDA launch) run with a status on the device of q, then `raise_on_status`: an eager call
+    and a status read after a captured step raise the same error."""
+    check_verify_shapes(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, sm_scale, mask_layout, out, lse, max_draft_len)
+    from .api import mask_words_per_row
+    from .prep import prepare_verify_checked
+
+    status = new_status(q.device)
+    words = mask_words_per_row(tree_mask, mask_layout, q.shape[0], max_draft_len)
+    prepare_verify_checked(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout, q.shape[0],
+                           words, kv_rows(kv_cache).shape[0], max_draft_len or 0, status)
+    raise_on_status(status)

@@ -18,10 +18,12 @@ def convert_tree_mask_fake(tree_mask, mask_indptr, qo_indptr, kv_indptr, layout,
     return qo_indptr.new_empty((num_rows, words_per_row), dtype=torch.int64)
 
 
-def prepare_verify_fake(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows, words_per_row):
+def prepare_verify_fake(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows, words_per_row,
+                        num_slots=2**31 - 1, max_draft_len=0, status=None):
     verify_indptr, verify_indices = build_verify_indices_fake(qo_indptr, kv_indptr, kv_indices, out_cache_loc)
     mask_words = convert_tree_mask_fake(tree_mask, mask_indptr, qo_indptr, kv_indptr, layout, num_rows, words_per_row)
-    return verify_indptr, verify_indices, mask_words
+    qo_indptr_out = qo_indptr.new_empty(qo_indptr.shape[0], dtype=torch.int32)  # sanitized; status is written in place
+    return verify_indptr, verify_indices, mask_words, qo_indptr_out
 
 
 def tree_attention_fake(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend="auto", kv_scale=None,

@@ -23,8 +23,9 @@ _lib.define(
 )
 _lib.define(
     "prepare_verify(Tensor qo_indptr, Tensor kv_indptr, Tensor kv_indices, Tensor out_cache_loc, Tensor tree_mask,"
-    " Tensor? mask_indptr, str layout, SymInt num_rows, SymInt words_per_row)"
-    " -> (Tensor verify_indptr, Tensor verify_indices, Tensor mask_words)"
+    " Tensor? mask_indptr, str layout, SymInt num_rows, SymInt words_per_row, SymInt num_slots=2147483647,"
+    " int max_draft_len=0, Tensor(a!)? status=None)"
+    " -> (Tensor verify_indptr, Tensor verify_indices, Tensor mask_words, Tensor qo_indptr_out)"
 )
 _ATTENTION_ARGS = (
     "Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor verify_indptr, Tensor verify_indices,"
@@ -54,12 +55,14 @@ def _convert_tree_mask_cuda(tree_mask, mask_indptr, qo_indptr, kv_indptr, layout
     )
 
 
-def _prepare_verify_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows, words_per_row):
-    # Both preparation steps in one launch: the verify step pays one launch less.
+def _prepare_verify_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows, words_per_row,
+                         num_slots=prep.CLAMP_HIGH, max_draft_len=0, status=None):
+    # Both preparation steps, the checks and the status in one launch: the verify step pays one launch less.
     build.load_cuda_library()
     return torch.ops.ddtree_cuda.prepare_verify(
         qo_indptr.contiguous(), kv_indptr.contiguous(), kv_indices.contiguous(), out_cache_loc.contiguous(),
         tree_mask.contiguous(), None if mask_indptr is None else mask_indptr.contiguous(), layout, num_rows, words_per_row,
+        num_slots, max_draft_len, status,
     )
 
 
@@ -67,7 +70,7 @@ _lib.impl("build_verify_indices", prep.build_verify_indices, "CPU")
 _lib.impl("build_verify_indices", _build_verify_indices_cuda, "CUDA")
 _lib.impl("convert_tree_mask", prep.convert_tree_mask, "CPU")
 _lib.impl("convert_tree_mask", _convert_tree_mask_cuda, "CUDA")
-_lib.impl("prepare_verify", prep.prepare_verify, "CPU")
+_lib.impl("prepare_verify", prep.prepare_verify_checked, "CPU")
 _lib.impl("prepare_verify", _prepare_verify_cuda, "CUDA")
 
 

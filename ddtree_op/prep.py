@@ -1,10 +1,16 @@
 """Device-side preparation of a verify step: combined indices and compact tree masks.
 
-Both functions are plain tensor programs (searchsorted, gathers, shifts) whose output shapes
+All functions are plain tensor programs (searchsorted, gathers, shifts) whose output shapes
 depend on input shapes only. They read no value on the host, so they run unchanged on CPU and
 CUDA, inside `torch.compile` graphs and inside captured CUDA graphs. They are the CPU
-implementations of `ddtree::build_verify_indices` and `ddtree::convert_tree_mask`; on CUDA the
-same ops run fused kernels (cutlass_kernels/verify_indices.cu, tree_mask.cu), tested against these.
+implementations of `ddtree::build_verify_indices`, `ddtree::convert_tree_mask` and
+`ddtree::prepare_verify`; on CUDA the same ops run fused kernels (cutlass_kernels/
+verify_indices.cu, tree_mask.cu, verify_prep.cu), tested against these.
+
+Bounds safety: whatever the index values, they read only inside their tensors and size every
+temporary from shapes. Bad values are sanitized by the rules of `SanitizedBatch` (the same as
+cutlass_kernels/verify_status.cuh, bit for bit), and `prepare_verify_checked` records what it
+sanitized in the optional status (status.py).
 """
 
 from __future__ import annotations
@@ -12,17 +18,116 @@ from __future__ import annotations
 import torch
 
 from .contract import MASK_LAYOUTS, PACKED_MASK_BITS
+from .status import FAULTS, NUM_FAULTS, POSITIONS
 
 # Signed dtype of the same width, so the raw bits can be read with ops every backend has.
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32}
 
 
-def _gather_or_zero(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """values[index] with the index clamped into range; zeros when `values` is empty."""
+CLAMP_HIGH = 2**31 - 1  # raw index values are clamped to [-1, CLAMP_HIGH] before any comparison
+
+
+def _clamped(values: torch.Tensor) -> torch.Tensor:
+    return values.long().clamp(-1, CLAMP_HIGH)
+
+
+def _gather_or_zero(values: torch.Tensor, index: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """values[index] where `valid` (default: everywhere), else 0; reads only inside `values`."""
     if values.numel() == 0:
         return torch.zeros_like(index)
     # Gather first, convert after: the mask buffer may be far larger than what is read.
-    return values[index.clamp(0, values.numel() - 1)].long()
+    got = values[index.clamp(0, values.numel() - 1)].long()
+    return got if valid is None else torch.where(valid, got, torch.zeros_like(got))
+
+
+def _first(flags: torch.Tensor, positions: torch.Tensor, none: int) -> torch.Tensor:
+    """The lowest position where `flags` holds (`none` if it never does), as a 0-d tensor."""
+    return torch.where(flags, positions, torch.full_like(positions, none)).min() if flags.numel() else positions.new_tensor(none)
+
+
+class SanitizedBatch:
+    """The batch every kernel reads, from raw indptrs (the rules of cutlass_kernels/verify_status.cuh):
+
+    - qo_indptr is trusted up to its first bad entry k_qo (qo[0] != 0, decreasing, past
+      min(T_pad, out_cache_loc.numel()), or a request with more drafts than the compact mask has
+      columns); later entries repeat the last trusted one, so those rows become padding.
+    - kv_indptr is trusted up to its first bad entry k_kv (outside [0, N], decreasing).
+    - Requests b >= min(k_qo, k_kv) - 1 are void: no prefix, n_b draft keys of slot -1, mask 0.
+
+    `faults` holds, per pointwise fault kind of the status, a bool tensor and the positions it indexes.
+    """
+
+    def __init__(self, qo_indptr, kv_indptr, mask_indptr, num_rows, num_draft_slots, num_prefix, draft_cap,
+                 max_draft_len=0, packed_width=0):
+        batch = qo_indptr.numel() - 1
+        device = qo_indptr.device
+        entry = torch.arange(batch + 1, device=device)
+        first = entry == 0
+        q = _clamped(qo_indptr)
+        k = _clamped(kv_indptr[: batch + 1])
+        zero = q.new_zeros(1)
+        q_prev = torch.cat([zero, q[:-1]])
+        k_prev = torch.cat([zero, k[:-1]])
+        drafts = q - q_prev
+        max_rows = min(num_rows, num_draft_slots)
+        q_bad = torch.where(first, q != 0, q < q_prev) | (q > max_rows) | (~first & (drafts > draft_cap))
+        k_bad = torch.where(first, k < 0, k < k_prev) | (k > num_prefix)
+        k_qo = _first(q_bad, entry, batch + 1)
+        k_kv = _first(k_bad, entry, batch + 1)
+        self.first_void = (torch.minimum(k_qo, k_kv) - 1).clamp(min=0)
+        last_trusted = q[(k_qo - 1).clamp(min=0)] * (k_qo > 0)
+        self.qo = torch.where(entry < k_qo, q, last_trusted)  # int64 [B+1]: monotone, in [0, T_pad]
+        request = entry[:-1]
+        self.void = request >= self.first_void
+        self.num_draft = self.qo[1:] - self.qo[:-1]
+        self.prefix_len = torch.where(self.void, torch.zeros_like(request), k[1:] - k[:-1])
+        self.kv = k  # raw (clamped) kv_indptr; trusted where requests are not void
+        self.verify_indptr = torch.zeros(batch + 1, dtype=torch.long, device=device)
+        torch.cumsum(self.prefix_len + self.num_draft, 0, out=self.verify_indptr[1:])
+        self.batch = batch
+
+        later = ~first
+        request_of_entry = (entry - 1).clamp(min=0)
+        faults = {
+            "qo_start": (first & (q != 0), entry),
+            "qo_order": (later & (q < q_prev), entry),
+            "kv_order": (later & (k < k_prev), entry),
+            "qo_rows": (q > num_rows, entry),
+            "qo_slots": (q > num_draft_slots, entry),
+            "kv_range": ((k < 0) | (k > num_prefix), entry),
+            "mask_width": (later & (drafts > packed_width) if packed_width else torch.zeros_like(first), request_of_entry),
+            "draft_count": (later & (((drafts > max_draft_len) if max_draft_len else torch.zeros_like(first))
+                                     | (drafts > draft_cap)), request_of_entry),
+        }
+        if mask_indptr is not None:
+            mi = mask_indptr[: batch + 1].long()
+            faults["mask_indptr_order"] = (later & (mi < torch.cat([mi.new_zeros(1), mi[:-1]])), entry)
+        self.faults = faults
+
+
+def _verify_indices(s: SanitizedBatch, kv_indices, out_cache_loc, num_slots):
+    """verify_indices int32 [N + T] of a sanitized batch, and the slot faults (flags, positions)."""
+    device = s.qo.device
+    total = kv_indices.numel() + out_cache_loc.numel()
+    pos = torch.arange(total, device=device)
+    if s.batch == 0:
+        none = torch.zeros(total, dtype=torch.bool, device=device)
+        return torch.zeros(total, dtype=torch.int32, device=device), (none, pos), (none, pos)
+    vi = s.verify_indptr
+    req = torch.searchsorted(vi[1:], pos, right=True).clamp_(max=s.batch - 1)
+    used = pos < vi[s.batch]
+    offset = pos - vi[req]
+    prefix_len = s.prefix_len[req]
+    from_prefix = offset < prefix_len
+    live = used & ~s.void[req]
+    prefix_at = s.kv[req] + offset
+    draft_at = s.qo[req] + offset - prefix_len
+    slots = torch.where(from_prefix, _gather_or_zero(kv_indices, prefix_at, live & from_prefix),
+                        _gather_or_zero(out_cache_loc, draft_at, live & ~from_prefix))
+    bad = live & ((slots < 0) | (slots >= num_slots))
+    slots = torch.where(bad | (used & ~live), torch.full_like(slots, -1), slots)
+    slots = torch.where(used, slots, torch.zeros_like(slots))
+    return slots.int(), (bad & from_prefix, prefix_at), (bad & ~from_prefix, draft_at)
 
 
 def build_verify_indices(
@@ -34,29 +139,67 @@ def build_verify_indices(
     """Per request b: `[kv_indices[kv_indptr[b]:kv_indptr[b+1]] ‖ out_cache_loc[qo_indptr[b]:qo_indptr[b+1]]]`.
 
     Returns (verify_indptr int32 [B+1], verify_indices int32 [N + T]); entries of verify_indices
-    past verify_indptr[B] are 0.
+    past verify_indptr[B] are 0. The batch is sanitized with what this op knows (no T_pad, no S:
+    only slots outside [0, 2^31 - 1) become -1); `prepare_verify_checked` is the bounds-checked path.
     """
-    batch = qo_indptr.numel() - 1
-    device = qo_indptr.device
-    qo = qo_indptr.long()
-    kv = kv_indptr[: batch + 1].long()
-    prefix_len = kv[1:] - kv[:-1]
-    draft_len = qo[1:] - qo[:-1]
-    verify_indptr = torch.zeros(batch + 1, dtype=torch.long, device=device)
-    torch.cumsum(prefix_len + draft_len, 0, out=verify_indptr[1:])
+    s = SanitizedBatch(qo_indptr, kv_indptr, None, CLAMP_HIGH, out_cache_loc.numel(), kv_indices.numel(), CLAMP_HIGH)
+    verify_indices, _, _ = _verify_indices(s, kv_indices, out_cache_loc, CLAMP_HIGH)
+    return s.verify_indptr.int(), verify_indices
 
-    total = kv_indices.numel() + out_cache_loc.numel()
-    pos = torch.arange(total, device=device)
+
+def _mask_words(s: SanitizedBatch, tree_mask, mask_indptr, layout, num_rows, words_per_row):
+    """Compact mask words of a sanitized batch, and the requests that read outside the mask."""
+    device = s.qo.device
+    batch = s.batch
+    no_fault = torch.zeros(max(batch, 0), dtype=torch.bool, device=device)
     if batch == 0:
-        return verify_indptr.int(), torch.zeros(total, dtype=torch.int32, device=device)
-    req = torch.searchsorted(verify_indptr[1:], pos, right=True).clamp_(max=batch - 1)
-    offset = pos - verify_indptr[req]
-    req_prefix = prefix_len[req]
-    from_prefix = _gather_or_zero(kv_indices, kv[req] + offset)
-    from_draft = _gather_or_zero(out_cache_loc, qo[req] + offset - req_prefix)
-    slots = torch.where(offset < req_prefix, from_prefix, from_draft)
-    slots = torch.where(pos < verify_indptr[batch], slots, torch.zeros_like(slots))
-    return verify_indptr.int(), slots.int()
+        return torch.zeros(num_rows, words_per_row, dtype=torch.long, device=device), no_fault
+    qo = s.qo
+    row = torch.arange(num_rows, device=device)
+    req = torch.searchsorted(qo[1:], row, right=True)
+    row_valid = req < batch
+    req = req.clamp_(max=batch - 1)
+    row_valid = row_valid & ~s.void[req]
+    draft_len = s.num_draft[req]
+    draft_row = row - qo[req]
+    col = torch.arange(words_per_row * 64, device=device)
+    visible_cell = row_valid[:, None] & (col[None, :] < draft_len[:, None])
+
+    if layout == "packed":
+        raw = tree_mask.view(_SIGNED_VIEW.get(tree_mask.dtype, tree_mask.dtype)).reshape(-1)
+        width = PACKED_MASK_BITS[tree_mask.dtype]
+        inside_row = row < raw.numel()
+        word = _gather_or_zero(raw, row, inside_row)
+        bits = (word[:, None] >> col.clamp(max=63)[None, :]) & 1
+        bits = bits.bool() & (col[None, :] < width)
+        outside_row = row_valid & (draft_len > 0) & ~inside_row
+    else:
+        flat = tree_mask.reshape(-1)
+        if layout == "full":
+            prefix_len = s.prefix_len[req]
+            row_start = mask_indptr.long()[req] + draft_row * (prefix_len + draft_len) + prefix_len
+        elif layout == "qlen":
+            if mask_indptr is not None:
+                block_start = mask_indptr.long()[:batch]
+            else:
+                sizes = s.num_draft ** 2
+                block_start = torch.cumsum(sizes, 0) - sizes
+            row_start = block_start[req] + draft_row * draft_len
+        else:
+            raise ValueError(f"mask_layout must be one of {MASK_LAYOUTS}, got {layout!r}")
+        at = row_start[:, None] + col[None, :]
+        inside = (at >= 0) & (at < flat.numel())
+        bits = _gather_or_zero(flat, at, inside & visible_cell) != 0
+        outside_row = (visible_cell & ~inside).any(1)
+    bits = bits & visible_cell
+    shifts = torch.arange(64, device=device)
+    words = (bits.view(num_rows, words_per_row, 64).long() << shifts).sum(-1)
+    outside = torch.zeros(batch, dtype=torch.long, device=device).index_add_(0, req, outside_row.long()) > 0
+    return words, outside
+
+
+def _packed_width(tree_mask: torch.Tensor, layout: str) -> int:
+    return PACKED_MASK_BITS[tree_mask.dtype] if layout == "packed" else 0
 
 
 def convert_tree_mask(
@@ -69,49 +212,88 @@ def convert_tree_mask(
     words_per_row: int,
 ) -> torch.Tensor:
     """Compact tree mask: int64 [num_rows, words_per_row]; bit j of word w in row t says that
-    draft row t sees draft column 64*w + j of its own request. Padding rows and columns past the
-    request's draft count are 0.
+    draft row t sees draft column 64*w + j of its own request. Padding rows, void requests and
+    columns past the request's draft count are 0; cells outside the mask read as 0. The batch is
+    sanitized with what this op knows (rows bounded by num_rows, prefix ends unbounded).
     """
-    device = qo_indptr.device
-    batch = qo_indptr.numel() - 1
-    if batch == 0:
-        return torch.zeros(num_rows, words_per_row, dtype=torch.long, device=device)
-    qo = qo_indptr.long()
-    row = torch.arange(num_rows, device=device)
-    req = torch.searchsorted(qo[1:], row, right=True)
-    row_valid = (req < batch) & (row >= qo[0])
-    req = req.clamp_(max=batch - 1)
-    draft_len = (qo[1:] - qo[:-1])[req]
-    draft_row = row - qo[req]
-    col = torch.arange(words_per_row * 64, device=device)
-    visible_cell = row_valid[:, None] & (col[None, :] < draft_len[:, None])
+    s = SanitizedBatch(qo_indptr, kv_indptr, None, num_rows, CLAMP_HIGH, CLAMP_HIGH, 64 * words_per_row,
+                       packed_width=_packed_width(tree_mask, layout))
+    return _mask_words(s, tree_mask, mask_indptr, layout, num_rows, words_per_row)[0]
 
-    if layout == "packed":
-        raw = tree_mask.view(_SIGNED_VIEW.get(tree_mask.dtype, tree_mask.dtype)).reshape(-1)
-        width = PACKED_MASK_BITS[tree_mask.dtype]
-        word = _gather_or_zero(raw, row)
-        bits = (word[:, None] >> col.clamp(max=63)[None, :]) & 1
-        bits = bits.bool() & (col[None, :] < width)
-    else:
-        flat = tree_mask.reshape(-1)
-        if layout == "full":
-            kv = kv_indptr[: batch + 1].long()
-            prefix_len = (kv[1:] - kv[:-1])[req]
-            row_start = mask_indptr.long()[req] + draft_row * (prefix_len + draft_len) + prefix_len
-        elif layout == "qlen":
-            if mask_indptr is not None:
-                block_start = mask_indptr.long()[:batch]
-            else:
-                sizes = (qo[1:] - qo[:-1]) ** 2
-                block_start = torch.cumsum(sizes, 0) - sizes
-            row_start = block_start[req] + draft_row * draft_len
+
+def _write_status(status, faults: dict, values: dict) -> None:
+    """status[:WORKSPACE] from per-kind (flags, positions) and the raw values per kind; the
+    layout of status.py, computed as a tensor program (no host reads)."""
+    device = status.device
+    big = CLAMP_HIGH
+    firsts = []
+    for name, _, _ in FAULTS:
+        if name in faults:
+            flags, positions = faults[name]
+            firsts.append(_first(flags, positions.long().clamp(0, big - 1), big))
         else:
-            raise ValueError(f"mask_layout must be one of {MASK_LAYOUTS}, got {layout!r}")
-        bits = _gather_or_zero(flat, row_start[:, None] + col[None, :]) != 0
-    bits = bits & visible_cell
-    shifts = torch.arange(64, device=device)
-    words = (bits.view(num_rows, words_per_row, 64).long() << shifts).sum(-1)
-    return words
+            firsts.append(torch.tensor(big, device=device))
+    first = torch.stack(firsts)  # [K]
+    present = first < big
+    bits = (present.long() << torch.arange(NUM_FAULTS, device=device)).sum()
+    kind = torch.where(present, torch.arange(NUM_FAULTS, device=device), torch.full_like(first, NUM_FAULTS)).min()
+    found = kind < NUM_FAULTS
+    kind_safe = kind.clamp(max=NUM_FAULTS - 1)
+    position = first[kind_safe]
+    value_per_kind = torch.stack([values[name](position) for name, _, _ in FAULTS])
+    value = value_per_kind[kind_safe].clamp(-(2**31), 2**31 - 1)
+    head = torch.stack([bits, torch.where(found, kind, -1), torch.where(found, position, -1), torch.where(found, value, 0)])
+    status[:POSITIONS].copy_(head.to(torch.int32))
+    status[POSITIONS:POSITIONS + NUM_FAULTS].copy_(torch.where(present, first, -1).to(torch.int32))
+
+
+def _raw_at(values: torch.Tensor):
+    def read(position):
+        if values.numel() == 0:
+            return position.new_tensor(0)
+        return values[position.clamp(0, values.numel() - 1)].long()
+    return read
+
+
+def prepare_verify_checked(
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    tree_mask: torch.Tensor,
+    mask_indptr: torch.Tensor | None,
+    layout: str,
+    num_rows: int,
+    words_per_row: int,
+    num_slots: int = CLAMP_HIGH,
+    max_draft_len: int = 0,
+    status: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The verify step's preparation, validated and sanitized (the CPU implementation of
+    `ddtree::prepare_verify`): (verify_indptr, verify_indices, mask_words, qo_indptr) where
+    qo_indptr is the sanitized one (int32 [B+1]) that the attention op reads. Slots outside
+    [0, num_slots) become -1. Where a value had to be sanitized, `status` (status.py) records it."""
+    packed_width = _packed_width(tree_mask, layout)
+    reads_mask_indptr = mask_indptr if packed_width == 0 else None
+    s = SanitizedBatch(qo_indptr, kv_indptr, reads_mask_indptr, num_rows, out_cache_loc.numel(), kv_indices.numel(),
+                       64 * words_per_row, max_draft_len, packed_width)
+    verify_indices, kv_slot, draft_slot = _verify_indices(s, kv_indices, out_cache_loc, num_slots)
+    mask_words, mask_outside = _mask_words(s, tree_mask, mask_indptr, layout, num_rows, words_per_row)
+    if status is not None:
+        faults = dict(s.faults, kv_slot=kv_slot, draft_slot=draft_slot,
+                      mask_range=(mask_outside, torch.arange(s.batch, device=mask_outside.device)))
+        qo_raw = _raw_at(qo_indptr)
+        numel = tree_mask.numel()
+        values = {
+            "qo_start": qo_raw, "qo_order": qo_raw, "qo_rows": qo_raw, "qo_slots": qo_raw,
+            "kv_order": _raw_at(kv_indptr), "kv_range": _raw_at(kv_indptr),
+            "kv_slot": _raw_at(kv_indices), "draft_slot": _raw_at(out_cache_loc),
+            "mask_width": lambda p: qo_raw(p + 1) - qo_raw(p), "draft_count": lambda p: qo_raw(p + 1) - qo_raw(p),
+            "mask_indptr_order": _raw_at(reads_mask_indptr if reads_mask_indptr is not None else qo_indptr),
+            "mask_range": lambda p: p.new_tensor(numel),
+        }
+        _write_status(status, faults, values)
+    return s.verify_indptr.int(), verify_indices, mask_words, s.qo.int()
 
 
 def prepare_verify(
@@ -125,8 +307,7 @@ def prepare_verify(
     num_rows: int,
     words_per_row: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Both preparation steps of the verify step: (verify_indptr, verify_indices, mask_words).
-    The CUDA implementation runs them in one launch."""
-    verify_indptr, verify_indices = build_verify_indices(qo_indptr, kv_indptr, kv_indices, out_cache_loc)
-    mask_words = convert_tree_mask(tree_mask, mask_indptr, qo_indptr, kv_indptr, layout, num_rows, words_per_row)
-    return verify_indptr, verify_indices, mask_words
+    """(verify_indptr, verify_indices, mask_words) of `prepare_verify_checked` without S (only
+    slots outside [0, 2^31 - 1) become -1) and without status."""
+    return prepare_verify_checked(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout,
+                                  num_rows, words_per_row)[:3]

@@ -109,7 +109,8 @@ def test_prepare_verify_returns_both_steps(layout, device="cpu"):
     want_indptr, want_indices = ops.build_verify_indices(*cpu)
     want_words = ops.convert_tree_mask(vb.tree_mask.cpu(), None if vb.mask_indptr is None else vb.mask_indptr.cpu(),
                                        cpu[0], cpu[1], layout, rows, words)
-    assert [t.device.type for t in got] == [torch.device(device).type] * 3
+    assert [t.device.type for t in got] == [torch.device(device).type] * 4
+    assert torch.equal(got[3].cpu(), vb.qo_indptr.int().cpu())  # valid inputs: the sanitized qo_indptr is the raw one
     assert torch.equal(got[0].cpu(), want_indptr)
     assert torch.equal(got[1].cpu(), want_indices)
     assert torch.equal(got[2].cpu(), want_words)
