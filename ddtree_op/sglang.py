@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from .api import mla_tree_verify
-from .reference import LATENT_DIM, QK_DIM
+from .contract import LATENT_DIM, QK_DIM
 
 
 def _check_same_rows(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> None:
