@@ -145,7 +145,7 @@ def serving_plot(rows: list[dict], names: list[str], path: Path) -> None:
     for k, n in enumerate(names):
         ax.bar([i + k * width for i in range(len(serving))], [r["time_us"].get(n, 0) for r in serving], width,
                label=display(n))
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(serving))], [r["case"] for r in serving], rotation=30,
+    ax.set_xticks([i + (len(names) - 1) * width / 2 for i in range(len(serving))], [r["case"] for r in serving], rotation=30,
                   ha="right", fontsize=7)
     ax.set_ylabel("microseconds per call (CUDA graph replay)")
     ax.set_yscale("log")
@@ -225,7 +225,7 @@ def readme_section(run_dir: Path, results: dict, repo: Path) -> str:
              f"({meta['ceilings']['bf16_flops'] / 1e12:.0f} TFLOP/s) ceilings measured in the same run."]
     tests = pytest_counts(run_dir / "gpu_tests.log")
     if tests:
-        lines.append(f"GPU tests of that commit: {tests} (`{rel}/gpu_tests.log`).")
+        lines += ["", f"GPU tests of that commit: {tests} (`{rel}/gpu_tests.log`)."]
     lines += ["", "| backend | geomean fraction of speed of light (grid, floor ≥ 20 µs) | geomean speed-up vs the "
               "SGLang-style baseline (grid) | slowest tiny shape (floor < 5 µs) |", "|---|---|---|---|"]
     for name in compared:
@@ -236,7 +236,7 @@ def readme_section(run_dir: Path, results: dict, repo: Path) -> str:
         lines.append(f"| {display(name)} | {_number(s['geomean_sol_fraction_floor_ge_20us'])} | "
                      f"{_number(s['geomean_speedup_vs_baseline'], 1)}× | {small} |")
     if ours:
-        lines += ["", f"Targets ({display(ours[0])}):"] + [line.replace("us", "µs") for line in target_lines(rows, ours[0])]
+        lines += ["", f"Targets ({display(ours[0])}):", ""] + [line.replace("us", "µs") for line in target_lines(rows, ours[0])]
     serving = [r for r in rows if "serving" in r["tags"]]
     if serving:
         step = next((f"step[{n}]" for n in ours if any(f"step[{n}]" in r["time_us"] for r in serving)), None)
