@@ -147,6 +147,8 @@ def reset_dispatch_cache() -> None:
 
 def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend,
                        kv_scale=None, kv_scale_value=1.0):
+    if kv_cache.dtype == torch.uint8:  # the bytes of an e4m3 cache, as SGLang stores it
+        kv_cache = kv_cache.view(torch.float8_e4m3fn)
     inputs = input_class(q, kv_cache, out)
     chosen = choose(q.device, canonical_backend(backend), inputs)
     args = (q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse)

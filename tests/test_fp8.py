@@ -1,0 +1,220 @@
+"""FP8 e4m3 KV (`kv_cache` float8_e4m3fn or its uint8 bytes, per-tensor `kv_scale`) through
+`mla_tree_verify`: the reference against an independent float64 brute force on the dequantized
+cache, argument errors, opcheck, compile, the Triton kernel in the interpreter; on a GPU the
+Triton kernel against the reference and `auto` routing (the sm90 kernel takes no FP8 yet)."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from conftest import brute_force_verify, needs_cuda, relative_error
+from ddtree_op import mla_tree_verify, ops
+from ddtree_op.api import mask_words_per_row
+from ddtree_op.synthetic import make_verify_batch
+from ddtree_op.synthetic_paged import dequantized_pool, fp8_cache
+
+CASES = [([5, 0, 70], [3, 4, 0]), ([0], [6]), ([130, 17, 1], [16, 2, 9]), ([64], [1])]
+
+
+def fp8_batch(prefix, drafts, heads, *, storage="fp8", scale=0.05, scale_tensor=False, device="cpu", **kwargs):
+    """A verify batch whose cache is FP8 (stored = value / scale), and its kv_scale argument."""
+    vb = make_verify_batch(prefix, drafts, heads, device=device, **kwargs)
+    vb.kv_cache = fp8_cache(vb.kv_cache.float(), scale, storage)
+    kv_scale = torch.tensor([scale], device=device) if scale_tensor else scale
+    return vb, kv_scale
+
+
+def brute_force(vb, kv_scale):
+    """conftest's float64 brute force on the dequantized cache (only the test dequantizes it all)."""
+    pool = dequantized_pool(vb.kv_cache.cpu(), kv_scale)
+    return brute_force_verify(dataclasses.replace(vb, kv_cache=pool))
+
+
+def assert_close(out, lse, want_out, want_lse, tol=1e-2):
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert relative_error(out.cpu(), want_out) < tol
+    assert torch.equal(torch.isinf(lse.cpu()), torch.isinf(want_lse))
+    finite = torch.isfinite(want_lse)
+    torch.testing.assert_close(lse.cpu().double()[finite], want_lse[finite], atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("scale_tensor", [False, True])
+@pytest.mark.parametrize("storage", ["fp8", "uint8"])
+@pytest.mark.parametrize("layout", ["full", "qlen", "packed"])
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_reference_matches_brute_force(case, layout, storage, scale_tensor):
+    vb, kv_scale = fp8_batch(*case, 2, storage=storage, scale_tensor=scale_tensor, layout=layout, pad_rows=2,
+                             seed=len(case[0]), kv_cache_3d=storage == "uint8")
+    out, lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, backend="reference")
+    assert_close(out, lse, *brute_force(vb, kv_scale))
+
+
+def test_no_scale_means_one():
+    vb, _ = fp8_batch([20], [4], 2, scale=1.0)
+    out, lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
+    assert_close(out, lse, *brute_force(vb, None))
+
+
+def test_fp16_queries():
+    vb, kv_scale = fp8_batch([40, 2], [5, 3], 3, dtype=torch.float16, scale_tensor=True)
+    out, lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, backend="reference")
+    assert out.dtype == torch.float16
+    assert_close(out, lse, *brute_force(vb, kv_scale))
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(kv_scale=torch.tensor([0.5, 0.5])), "kv_scale"),
+    (dict(kv_scale=torch.tensor([0.5], dtype=torch.float64)), "kv_scale"),
+    (dict(kv_scale=float("nan")), "kv_scale"),
+    (dict(kv_scale="0.5"), "kv_scale"),
+])
+def test_bad_kv_scale_names_the_argument(change, message):
+    vb, _ = fp8_batch([20], [4], 2)
+    with pytest.raises(ValueError, match=message):
+        mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), **change)
+
+
+def test_kv_scale_on_a_bf16_cache_is_an_error():
+    vb = make_verify_batch([20], [4], 2)
+    with pytest.raises(ValueError, match="kv_scale"):
+        mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=0.5)
+
+
+def test_other_kv_dtypes_are_errors():
+    vb = make_verify_batch([20], [4], 2)
+    with pytest.raises(ValueError, match="kv_cache"):
+        mla_tree_verify(vb.q, vb.kv_cache.float(), **vb.kwargs())
+
+
+def test_opcheck_attention_with_fp8_and_scale():
+    # The uint8 bytes of the cache: opcheck's schema check compares inputs with allclose, which
+    # torch's CPU backend lacks for float8 (the op reads both storages the same way).
+    for i, (prefix, drafts) in enumerate(CASES[:3]):
+        vb, kv_scale = fp8_batch(prefix, drafts, 2, storage="uint8", scale_tensor=True, pad_rows=1, seed=i)
+        rows = vb.q.shape[0]
+        words = mask_words_per_row(vb.tree_mask, vb.mask_layout, rows, None)
+        verify_indptr, verify_indices, mask_words, qo = ops.prepare_verify(
+            vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, vb.mask_layout, rows,
+            words, vb.kv_cache.shape[0])
+        args = (vb.q, vb.kv_cache, qo, verify_indptr, verify_indices, mask_words, vb.sm_scale)
+        torch.library.opcheck(ops.tree_attention, args, dict(kv_scale=kv_scale))
+        torch.library.opcheck(ops.tree_attention, args, dict(kv_scale_value=0.05))
+        out = torch.randn(rows, 2, 512).to(vb.q.dtype)
+        lse = torch.randn(rows, 2)
+        torch.library.opcheck(ops.tree_attention_into, args + (out, lse), dict(kv_scale=kv_scale))
+
+
+def fp8_step(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, kv_scale):
+    out, lse = mla_tree_verify(q, kv_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                               out_cache_loc=out_cache_loc, tree_mask=tree_mask, mask_indptr=mask_indptr, sm_scale=0.1352,
+                               kv_scale=kv_scale)
+    return out * 2, lse + 1
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_fullgraph_one_frame_no_recompile(device):
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(fp8_step, backend=counter, fullgraph=True)
+    for i, (prefix, drafts) in enumerate([([20, 7], [4, 6]), ([33, 2], [9, 8]), ([5, 11, 40], [8, 8, 8])]):
+        vb, kv_scale = fp8_batch(prefix, drafts, 2, scale=0.03 + 0.01 * i, scale_tensor=True, device=device, pad_rows=2, seed=i)
+        args = (vb.q, vb.kv_cache, vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr)
+        for t in args:
+            torch._dynamo.mark_dynamic(t, 0)
+        with torch.compiler.set_stance("fail_on_recompile" if i else "default"):
+            out, lse = compiled(*args, kv_scale)
+        want_out, want_lse = fp8_step(*args, kv_scale)
+        assert relative_error(out, want_out) < 1e-2
+        assert torch.equal(torch.isinf(lse), torch.isinf(want_lse))
+    assert counter.frame_count == 1
+
+
+def test_explain_reports_no_graph_break():
+    vb, kv_scale = fp8_batch([10, 3], [5, 2], 2, scale_tensor=True, pad_rows=1)
+    args = (vb.q, vb.kv_cache, vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, kv_scale)
+    explanation = torch._dynamo.explain(fp8_step)(*args)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+
+
+def test_triton_fp8_and_paged_in_the_interpreter():
+    pytest.importorskip("triton", reason="triton is not installed: the interpreter check needs it")
+    numpy = pytest.importorskip("numpy")
+    if tuple(int(x) for x in numpy.__version__.split(".")[:2]) >= (2, 4):
+        pytest.skip("Triton 3.6's interpreter fails on numpy >= 2.4 (size-1 arrays as loop bounds)")
+    script = Path(__file__).with_name("interpret_fp8_paged.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(script.parents[1]), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "interpreter: all cases match" in result.stdout
+
+
+# ---------------------------------------------------------------- GPU (the lead runs these)
+
+
+GPU_GRID = [([0], [1], 16), ([127], [1], 128), ([4000, 100, 0, 64], [4, 1, 3, 2], 16), ([8192], [256], 16),
+            ([131072], [16], 16), ([131072, 2048], [4, 64], 128), ([65536] * 4, [8] * 4, 16), ([1024] * 32, [16] * 32, 16)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("scale_tensor", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", GPU_GRID, ids=lambda c: f"P{c[0][:2]}-n{c[1][:2]}-H{c[2]}")
+@pytest.mark.parametrize("backend", ["triton", "auto"])
+def test_triton_matches_reference(backend, case, dtype, scale_tensor):
+    prefix, drafts, heads = case
+    vb, kv_scale = fp8_batch(prefix, drafts, heads, dtype=dtype, scale_tensor=scale_tensor, device="cuda", pad_rows=3,
+                             layout="full", seed=1)
+    ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, backend="reference")
+    out, lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, backend=backend)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert relative_error(out, ref_out) < 2e-2
+    assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+    finite = torch.isfinite(ref_lse)
+    torch.testing.assert_close(lse[finite], ref_lse[finite], atol=2e-3, rtol=1e-3)
+
+
+@needs_cuda
+def test_auto_sends_fp8_to_triton_and_sm90_refuses_it(fresh_dispatch):
+    from ddtree_op.backends import choose, input_class
+
+    vb, kv_scale = fp8_batch([100], [4], 16, device="cuda")
+    out = torch.empty(vb.q.shape[0], 16, 512, dtype=vb.q.dtype, device="cuda")
+    assert choose(vb.q.device, "auto", input_class(vb.q, vb.kv_cache, out)).name == "triton"
+    from gpu_cases import cuda_backends
+
+    if "sm90" in cuda_backends():
+        with pytest.raises(ValueError, match="FP8"):
+            mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, backend="sm90")
+
+
+@needs_cuda
+def test_graph_replay_reads_the_new_kv_scale():
+    vb, kv_scale = fp8_batch([3000, 17], [16, 5], 16, scale_tensor=True, device="cuda", pad_rows=3, seed=7)
+    out = torch.full((vb.q.shape[0], 16, 512), float("nan"), dtype=vb.q.dtype, device="cuda")
+    lse = torch.full((vb.q.shape[0], 16), float("nan"), device="cuda")
+
+    def step():
+        mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, out=out, lse=lse)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for value in (0.02, 0.09):
+        kv_scale.fill_(value)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, backend="reference")
+        assert relative_error(out, ref_out) < 2e-2
+        assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
