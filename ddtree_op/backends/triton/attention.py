@@ -37,17 +37,18 @@ def _attend_tile(
 ):
     cols = kv0 + tl.arange(0, BLOCK_N)
     col_ok = cols < kv_end
-    slot = tl.load(verify_indices_ptr + kv_lo + cols, mask=col_ok, other=0).to(tl.int64)
-    key_row = kv_ptr + slot * stride_kv
+    slot = tl.load(verify_indices_ptr + kv_lo + cols, mask=col_ok, other=-1).to(tl.int64)
+    key_ok = col_ok & (slot >= 0)  # slot -1 (sanitized by the preparation): an invisible key, never read
+    key_row = kv_ptr + tl.where(key_ok, slot, 0) * stride_kv
     # An FP8 cache is widened to q's dtype in registers (exact); its scale is applied outside.
-    k_latent = tl.load(key_row[:, None] + tl.arange(0, D_LATENT)[None, :], mask=col_ok[:, None], other=0.0)
+    k_latent = tl.load(key_row[:, None] + tl.arange(0, D_LATENT)[None, :], mask=key_ok[:, None], other=0.0)
     k_latent = k_latent.to(q_latent.dtype)
-    k_rope = tl.load(key_row[:, None] + D_LATENT + tl.arange(0, D_ROPE)[None, :], mask=col_ok[:, None], other=0.0)
+    k_rope = tl.load(key_row[:, None] + D_LATENT + tl.arange(0, D_ROPE)[None, :], mask=key_ok[:, None], other=0.0)
     k_rope = k_rope.to(q_rope.dtype)
     scores = tl.dot(q_latent, tl.trans(k_latent))
     scores = tl.dot(q_rope, tl.trans(k_rope), scores)
     scores = scores * scale_log2
-    visible = col_ok[None, :]
+    visible = key_ok[None, :]
     if IS_DRAFT:
         draft_col = cols - prefix_len
         word = tl.load(mask_row_ptr[:, None] + (draft_col // 64)[None, :], mask=row_ok[:, None] & col_ok[None, :], other=0)
@@ -62,7 +63,7 @@ def _attend_tile(
     if DV == D_LATENT:
         values = k_latent
     else:  # this program owns output columns dv0 .. dv0 + DV (a re-read that hits L1/L2)
-        values = tl.load(key_row[:, None] + dv0 + tl.arange(0, DV)[None, :], mask=col_ok[:, None], other=0.0)
+        values = tl.load(key_row[:, None] + dv0 + tl.arange(0, DV)[None, :], mask=key_ok[:, None], other=0.0)
         values = values.to(q_latent.dtype)
     acc = tl.dot(p.to(values.dtype), values, acc)
     return m_new, l_i, acc
