@@ -19,18 +19,35 @@ from __future__ import annotations
 
 import torch
 
-from .api import mla_tree_verify
-from .contract import LATENT_DIM, QK_DIM
+from ddtree_op import mla_tree_verify
+from ddtree_op.contract import LATENT_DIM, QK_DIM
 
 
 def _check_same_rows(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> None:
-    if v_buffer.data_ptr() != k_buffer.data_ptr() or v_buffer.shape[0] != k_buffer.shape[0] or v_buffer.shape[-1] != LATENT_DIM:
+    # Sizes and strides are traced (and guarded) by dynamo, so this part holds under torch.compile.
+    same_layout = (
+        v_buffer.dim() == k_buffer.dim()
+        and v_buffer.shape[:-1] == k_buffer.shape[:-1]
+        and v_buffer.shape[-1] == LATENT_DIM
+        and v_buffer.stride() == k_buffer.stride()
+        and v_buffer.dtype == k_buffer.dtype
+    )
+    if not same_layout:
         raise ValueError(
             "ddtree_op: argument 'v_buffer' must be the first 512 columns of the rows of k_buffer "
-            "(MLA stores one latent row per token), got a different tensor"
+            f"(MLA stores one latent row per token), got {v_buffer.dtype} shape {tuple(v_buffer.shape)} strides "
+            f"{v_buffer.stride()} for k_buffer {k_buffer.dtype} shape {tuple(k_buffer.shape)} strides {k_buffer.stride()}"
         )
-    if v_buffer.stride(0) != k_buffer.stride(0):
-        raise ValueError(f"ddtree_op: argument 'v_buffer' must share k_buffer's row stride {k_buffer.stride(0)}, got {v_buffer.stride(0)}")
+    # Same memory, eagerly only: dynamo breaks the graph on the storage offset or data pointer of
+    # an input, so under torch.compile only the layout above is checked.
+    if not torch.compiler.is_compiling() and (
+        v_buffer.untyped_storage().data_ptr() != k_buffer.untyped_storage().data_ptr()
+        or v_buffer.storage_offset() != k_buffer.storage_offset()
+    ):
+        raise ValueError(
+            "ddtree_op: argument 'v_buffer' must be the first 512 columns of the rows of k_buffer "
+            "(MLA stores one latent row per token), got a tensor in other memory"
+        )
 
 
 def target_verify_forward(

@@ -5,6 +5,7 @@ import torch
 
 from conftest import brute_force_verify, needs_cuda, relative_error
 from ddtree_op.sglang import target_verify_forward
+from ddtree_op.synthetic import DEEPSEEK_V3_SM_SCALE
 from sglang_metadata import build_target_verify
 
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
@@ -58,3 +59,47 @@ def test_wrong_output_buffer_is_rejected():
     inp = build_target_verify([8], 2, heads=1)
     with pytest.raises(ValueError, match="'o'"):
         run_adapter(inp, o=torch.empty(inp.q.shape[0], 256, dtype=inp.q.dtype))
+
+
+def _compiled_step(q, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask, mask_indptr, out_cache_loc):
+    o = target_verify_forward(
+        q, k_buffer, v_buffer=v_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+        custom_mask=custom_mask, mask_indptr=mask_indptr, out_cache_loc=out_cache_loc, sm_scale=DEEPSEEK_V3_SM_SCALE, num_draft_tokens=4,
+    )
+    return o * 2  # surrounding work for inductor to fuse
+
+
+# Three batch sizes, in the eager (int32 qo_indptr, bool mask) and the CUDA-graph layout (int64,
+# preallocated uint8 mask, padding requests).
+COMPILE_BATCHES = [[37], [5, 120], [64, 9, 3]]
+
+
+@pytest.mark.parametrize("with_v_buffer", [False, True])
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_adapter_compiles_fullgraph_without_recompiles(with_v_buffer, cuda_graph):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    # inductor once (the full stack), aot_eager for the other layouts (same tracing, faster on CPU)
+    counter = CompileCounterWithBackend("inductor" if with_v_buffer and cuda_graph else "aot_eager")
+    compiled = torch.compile(_compiled_step, backend=counter, fullgraph=True)
+    for i, prefix in enumerate(COMPILE_BATCHES):
+        graph = dict(cuda_graph=True, graph_bs=len(prefix) + 1) if cuda_graph else {}
+        inp = build_target_verify(prefix, 4, heads=2, seed=i, **graph)
+        args = [inp.q, inp.k_buffer, inp.v_buffer if with_v_buffer else None, inp.qo_indptr, inp.kv_indptr,
+                inp.kv_indices, inp.custom_mask, inp.mask_indptr, inp.out_cache_loc]
+        for t in args:
+            if t is not None:
+                torch._dynamo.mark_dynamic(t, 0)
+        with torch.compiler.set_stance("fail_on_recompile" if i else "default"):
+            o = compiled(*args)
+        check_against_brute_force(inp, o / 2)
+    assert counter.frame_count == 1
+
+
+def test_adapter_explain_has_no_graph_break():
+    inp = build_target_verify([37, 5, 120], 4, heads=2)
+    args = (inp.q, inp.k_buffer, inp.v_buffer, inp.qo_indptr, inp.kv_indptr, inp.kv_indices, inp.custom_mask,
+            inp.mask_indptr, inp.out_cache_loc)
+    explanation = torch._dynamo.explain(_compiled_step)(*args)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
