@@ -93,6 +93,27 @@ for _key in ("CPU", "CUDA"):
     _lib.impl("tree_attention", _tree_attention, _key)
     _lib.impl("tree_attention_into", _tree_attention_into, _key)
 
+
+def _inference_only(name: str):
+    """An Autograd kernel that raises where a backward would be needed (instead of PyTorch's
+    warning and an output without grad_fn) and otherwise passes the call on. Only the attention
+    ops need it: the preparation ops take integer tensors, which never require grad. It runs on
+    eager calls with grad mode on (a few microseconds); torch.inference_mode() skips it."""
+    redispatch = getattr(torch.ops.ddtree, name).default.redispatch
+    after_autograd = torch._C._after_autograd_keyset
+
+    def kernel(keyset, q, kv_cache, *rest):
+        if (q.requires_grad or kv_cache.requires_grad) and torch.is_grad_enabled():
+            raise RuntimeError(f"ddtree_op: torch.ops.ddtree.{name} is inference-only (it has no backward); call it under "
+                               "torch.no_grad() or torch.inference_mode(), or detach q and kv_cache")
+        return redispatch(keyset & after_autograd, q, kv_cache, *rest)
+
+    return kernel
+
+
+for _name in ("tree_attention", "tree_attention_into"):
+    _lib.impl(_name, _inference_only(_name), "Autograd", with_keyset=True)
+
 torch.library.register_fake("ddtree::build_verify_indices", meta.build_verify_indices_fake, lib=_lib)
 torch.library.register_fake("ddtree::convert_tree_mask", meta.convert_tree_mask_fake, lib=_lib)
 torch.library.register_fake("ddtree::prepare_verify", meta.prepare_verify_fake, lib=_lib)

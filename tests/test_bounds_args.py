@@ -1,0 +1,123 @@
+"""The argument-level part of bounds safety: DDTREE_CHECK's values, a huge sm_scale, the
+inference-only ops, the status argument and the status helpers."""
+
+import warnings
+
+import pytest
+import torch
+
+import ddtree_op
+from conftest import needs_cuda
+from ddtree_op import environment
+from ddtree_op.checks import MAX_ABS_SM_SCALE
+from ddtree_op.synthetic import make_verify_batch
+
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
+
+
+@pytest.fixture
+def env(monkeypatch):
+    environment.reset()
+    yield monkeypatch
+    environment.reset()
+
+
+def _bad_batch(device="cpu"):
+    vb = make_verify_batch([6, 3], [3, 2], 2, pad_rows=1, device=device)
+    kwargs = vb.kwargs()
+    kwargs["kv_indices"] = kwargs["kv_indices"].clone().fill_(10**6)
+    return vb, kwargs
+
+
+@pytest.mark.parametrize("value", ["1", "true", "TRUE", "Yes", "on", " On "])
+def test_ddtree_check_accepts_truthy_values(env, value):
+    env.setenv("DDTREE_CHECK", value)
+    vb, kwargs = _bad_batch()
+    with pytest.raises(ValueError, match="argument 'kv_indices'"):
+        ddtree_op.mla_tree_verify(vb.q, vb.kv_cache, **kwargs)
+
+
+@pytest.mark.parametrize("value", ["0", "false", "No", "OFF", ""])
+def test_ddtree_check_off_values(env, value):
+    env.setenv("DDTREE_CHECK", value)
+    vb, kwargs = _bad_batch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ddtree_op.mla_tree_verify(vb.q, vb.kv_cache, **kwargs)  # sanitized, no error
+
+
+def test_ddtree_check_other_values_warn_once(env):
+    env.setenv("DDTREE_CHECK", "enabled")
+    vb, kwargs = _bad_batch()
+    with pytest.warns(UserWarning, match="DDTREE_CHECK='enabled'"):
+        ddtree_op.mla_tree_verify(vb.q, vb.kv_cache, **kwargs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ddtree_op.mla_tree_verify(vb.q, vb.kv_cache, **kwargs)  # once per process
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("scale", [3e38, -3e38, 1e30])
+def test_huge_sm_scale_is_rejected_naming_it(device, scale):
+    vb = make_verify_batch([6, 3], [3, 2], 2, device=device)
+    with pytest.raises(ValueError, match="argument 'sm_scale'"):
+        ddtree_op.mla_tree_verify(vb.q, vb.kv_cache, **dict(vb.kwargs(), sm_scale=scale))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_largest_accepted_sm_scale_gives_no_nan(device):
+    vb = make_verify_batch([6, 3], [3, 2], 2, device=device)
+    for scale in (MAX_ABS_SM_SCALE, -MAX_ABS_SM_SCALE):
+        out, lse = ddtree_op.mla_tree_verify(vb.q, vb.kv_cache, **dict(vb.kwargs(), sm_scale=scale))
+        assert not out.isnan().any() and not lse.isnan().any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_ops_are_inference_only(device):
+    vb = make_verify_batch([6, 3], [3, 2], 2, device=device)
+    q = vb.q.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="inference-only"):
+        ddtree_op.mla_tree_verify(q, vb.kv_cache, **vb.kwargs())
+    with torch.no_grad():
+        ddtree_op.mla_tree_verify(q, vb.kv_cache, **vb.kwargs())
+    with torch.inference_mode():
+        ddtree_op.mla_tree_verify(q, vb.kv_cache, **vb.kwargs())
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(32, dtype=torch.int64), torch.zeros(8, dtype=torch.int32),
+                                 torch.zeros(64, dtype=torch.int32)[::2], "status"])
+def test_status_argument_is_checked(bad):
+    vb = make_verify_batch([6, 3], [3, 2], 2)
+    with pytest.raises(ValueError, match="argument 'status'"):
+        ddtree_op.mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), status=bad)
+
+
+def test_raise_on_status_is_silent_on_a_clean_step_and_names_every_kind():
+    status = ddtree_op.new_status()
+    ddtree_op.raise_on_status(status)
+    assert ddtree_op.decode_status(status) == []
+    for kind, (name, argument, _) in enumerate(ddtree_op.status.FAULTS):
+        status.zero_()
+        status[0], status[1], status[2], status[3] = 1 << kind, kind, 5, 7
+        status[ddtree_op.status.POSITIONS + kind] = 5
+        with pytest.raises(ValueError, match=f"ddtree_op: argument '{argument}'"):
+            ddtree_op.raise_on_status(status)
+        assert ddtree_op.decode_status(status) == [(name, argument, 5)]
+
+
+def test_status_layout_agrees_with_the_cuda_header():
+    import re
+    from pathlib import Path
+
+    header = (Path(__file__).parents[1] / "cutlass_kernels" / "verify_status.cuh").read_text()
+    constants = {name: int(value) for name, value in re.findall(r"\b(k\w+) = (-?\d+)", header)}
+    s = ddtree_op.status
+    assert constants["kStatusSize"] == s.STATUS_SIZE
+    assert (constants["kStatusBits"], constants["kStatusKind"], constants["kStatusPosition"], constants["kStatusValue"],
+            constants["kStatusPositions"], constants["kStatusAccum"]) == (s.BITS, s.KIND, s.POSITION, s.VALUE, s.POSITIONS,
+                                                                        s.WORKSPACE)
+    enum = re.search(r"enum Fault : int \{(.*?)\};", header, re.S).group(1)
+    names = re.findall(r"\bk(\w+) = (\d+),", enum)
+    assert [int(v) for _, v in names] == list(range(s.NUM_FAULTS)) + [s.NUM_FAULTS]
+    camel = [n for n, _ in names][: s.NUM_FAULTS]
+    assert [n.lower() for n in camel] == [name.replace("_", "") for name, _, _ in s.FAULTS]
