@@ -121,11 +121,12 @@ def run_sm90(vb, **schedule):
 
     rows, heads = vb.q.shape[0], vb.q.shape[1]
     words = mask_words_per_row(vb.tree_mask, vb.mask_layout, rows, None)
-    verify_indptr, verify_indices, mask_words = ops.prepare_verify(
-        vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, vb.mask_layout, rows, words
+    verify_indptr, verify_indices, mask_words, qo_indptr = ops.prepare_verify(
+        vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, vb.mask_layout, rows, words,
+        vb.kv_cache.shape[0],
     )
     out = torch.full((rows, heads, 512), float("nan"), device="cuda", dtype=vb.q.dtype)
     lse = torch.full((rows, heads), float("nan"), device="cuda")
-    tree_attention_sm90(vb.q, kv_rows(vb.kv_cache), vb.qo_indptr, verify_indptr, verify_indices, mask_words, vb.sm_scale,
+    tree_attention_sm90(vb.q, kv_rows(vb.kv_cache), qo_indptr, verify_indptr, verify_indices, mask_words, vb.sm_scale,
                         out, lse, **schedule)
     return out, lse
