@@ -141,6 +141,21 @@ def test_bad_page_ids_hide_their_keys():
     assert int((verify_indices[: int(verify_indptr[-1])] == -1).sum()) == 16 + 16 + 2
 
 
+def test_status_records_bad_pages_and_lengths():
+    from ddtree_op import decode_status, new_status
+
+    pb = make_paged_batch([100, 30], [6, 4], 2, page_size=16, seed=5)
+    status = new_status()
+    mla_tree_verify_paged(pb.q, pb.kv_cache, **pb.kwargs(), status=status, backend="reference")
+    assert decode_status(status) == []
+    pb.block_table[0, 1] = -2  # a prefix page
+    mla_tree_verify_paged(pb.q, pb.kv_cache, **pb.kwargs(), status=status, backend="reference")
+    assert [kind for kind, _, _ in decode_status(status)] == ["kv_slot"]
+    pb.cache_seqlens[1] = 2  # fewer positions than drafts: the drafts' slots are -1
+    mla_tree_verify_paged(pb.q, pb.kv_cache, **pb.kwargs(), status=status, backend="reference")
+    assert [kind for kind, _, _ in decode_status(status)] == ["kv_slot", "draft_slot"]
+
+
 @pytest.mark.parametrize("seqlen", [3, 10_000])  # fewer positions than drafts; more than the table holds
 def test_request_whose_length_does_not_fit_sees_nothing(seqlen):
     pb = make_paged_batch([20, 30], [5, 4], 2, page_size=16, seed=2, pad_rows=1)
