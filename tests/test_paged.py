@@ -298,6 +298,8 @@ def _gpu_grid():
 @pytest.mark.parametrize("case", list(_gpu_grid()), ids=lambda c: f"P{c[0][:2]}-n{c[1][:2]}-page{c[2]}-H{c[3]}")
 def test_kernels_match_reference(case, layout, kv_dtype, backend):
     prefix, drafts, page, heads = case
+    if max(prefix) >= 65536 and (layout != "full" or kv_dtype == "uint8"):
+        pytest.skip("long prefixes: one layout and one FP8 storage are enough (device time)")
     if layout == "packed" and max(drafts) > 64:
         layout = "qlen"
     pb = make_paged_batch(prefix, drafts, heads, page_size=page, layout=layout, kv_dtype=kv_dtype, pad_rows=3, seed=11,
