@@ -125,7 +125,9 @@ def prepare_paged(block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr,
 def _check_paged_shapes(q, kv_cache, block_table, cache_seqlens, qo_indptr):
     """The paged arguments' shapes, dtypes and strides (no values read); returns the pool view
     [num_pages * page_size, 576] of kv_cache (never a copy)."""
-    dev = q.device if isinstance(q, torch.Tensor) else None
+    if not isinstance(q, torch.Tensor):
+        _fail("q", "a torch.Tensor", type(q).__name__)
+    dev = q.device
     if not isinstance(kv_cache, torch.Tensor):
         _fail("kv_cache", "a torch.Tensor", type(kv_cache).__name__)
     if kv_cache.dim() not in (3, 4) or kv_cache.shape[-1] != QK_DIM or (kv_cache.dim() == 4 and kv_cache.shape[2] != 1):
@@ -143,7 +145,7 @@ def _check_paged_shapes(q, kv_cache, block_table, cache_seqlens, qo_indptr):
             _fail(name, "a torch.Tensor", type(t).__name__)
         if t.dtype not in INDEX_DTYPES:
             _fail(name, "of dtype torch.int32 or torch.int64", str(t.dtype))
-        if dev is not None and t.device != dev:
+        if t.device != dev:
             _fail(name, f"on {dev} (the device of q)", str(t.device))
     batch = qo_indptr.numel() - 1 if isinstance(qo_indptr, torch.Tensor) else 0
     if block_table.dim() != 2 or block_table.shape[0] < batch:

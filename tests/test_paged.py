@@ -166,8 +166,11 @@ def test_request_whose_length_does_not_fit_sees_nothing(seqlen):
     assert_close_to(out, lse, want_out, want_lse)
 
 
-def test_table_rows_past_the_batch_and_out_buffers():
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_table_rows_past_the_batch_and_out_buffers(index_dtype):
     pb = make_paged_batch([33, 64], [4, 8], 3, page_size=64, table_rows=7, pad_rows=3, seed=4)
+    pb.block_table, pb.cache_seqlens = pb.block_table.to(index_dtype), pb.cache_seqlens.to(index_dtype)
+    pb.qo_indptr = pb.qo_indptr.to(index_dtype)
     out = torch.full((pb.q.shape[0], 3, 512), float("nan")).to(pb.q.dtype)
     lse = torch.full((pb.q.shape[0], 3), float("nan"))
     got = mla_tree_verify_paged(pb.q, pb.kv_cache, **pb.kwargs(), out=out, lse=lse, max_draft_len=8, backend="reference")
@@ -182,6 +185,9 @@ def test_table_rows_past_the_batch_and_out_buffers():
     ("cache_seqlens", lambda a: a.update(cache_seqlens=a["cache_seqlens"][:1]), "cache_seqlens"),
     ("kv_scale on bf16", lambda a: a.update(kv_scale=0.5), "kv_scale"),
     ("page stride", lambda a: a.update(kv_cache=a["kv_cache"][::2]), "kv_cache"),
+    ("page size", lambda a: a.update(kv_cache=a["kv_cache"][:, :8]), "kv_cache"),
+    ("fp32 cache", lambda a: a.update(kv_cache=a["kv_cache"].float()), "kv_cache"),
+    ("seqlens device", lambda a: a.update(cache_seqlens=a["cache_seqlens"].to("meta")), "cache_seqlens"),
 ])
 def test_errors_name_the_argument(name, change, message):
     pb = make_paged_batch([20, 30], [5, 4], 2, page_size=16)
