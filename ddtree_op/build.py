@@ -192,8 +192,11 @@ def load_library(library: str) -> str:
             torch.ops.load_library(str(aot))
             log.info("ddtree_op: loaded the ahead-of-time %s library %s", library, aot)
             return str(aot)
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import is_ninja_available, load
 
+    if not is_ninja_available():
+        raise RuntimeError("ddtree_op: JIT-building the CUDA libraries needs ninja: `pip install ninja` (it comes with "
+                           "the package's `cuda` extra)")
     include = include_dirs(library)
     key = build_key(arch, library)
     name = f"ddtree_{library}_{key}"
