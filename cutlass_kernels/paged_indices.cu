@@ -45,7 +45,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> paged_slot_lists_cuda(const at::T
   check_index_tensor(qo_indptr, "qo_indptr");
   check_index_tensor(cache_seqlens, "cache_seqlens");
   const int64_t capacity = block_table.size(1) * page_size;
-  const int64_t prefix_entries = batch * capacity;  // ddtree_op/paged.py: paged_slot_lists
+  const int64_t prefix_entries = batch * capacity;  // ddtree_op/prep.py: paged_slot_lists
   TORCH_CHECK(prefix_entries + num_rows < (int64_t{1} << 31) && num_pages * page_size < (int64_t{1} << 31),
               "ddtree_op: a paged batch of ", prefix_entries + num_rows, " positions (pool of ", num_pages * page_size,
               " rows) needs 32-bit indices");

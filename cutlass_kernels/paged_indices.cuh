@@ -2,9 +2,10 @@
 //   block_table[b, pos / page_size] * page_size + pos % page_size.
 // The paged batch is rewritten in the slot-list layout of `mla_tree_verify` (kv_indptr,
 // kv_indices, out_cache_loc), which the ordinary preparation op then validates and sanitizes, so
-// both entry points follow one set of rules. ddtree_op/paged.py is the CPU program these kernels
-// are tested against; its doc has the rules for bad page ids and lengths. Two steps: a one-block
-// scan of the per-request lengths, then the slots (a thread per prefix position and per row).
+// both entry points follow one set of rules. ddtree_op/prep.py (paged_slot_lists) is the CPU
+// program these kernels are tested against; ddtree_op/paged.py's doc has the rules for bad page
+// ids and lengths. Two steps: a one-block scan of the per-request lengths, then the slots (a
+// thread per prefix position and per row).
 #pragma once
 #include <ATen/ATen.h>
 

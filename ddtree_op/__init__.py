@@ -4,7 +4,7 @@ from ._version import __version__
 from . import ops  # registers torch.ops.ddtree.*
 from .api import mla_tree_verify
 from .checks import check_verify_inputs
-from .paged import mla_tree_verify_paged  # registers torch.ops.ddtree.paged_slot_lists
+from .paged import mla_tree_verify_paged
 from .prep import MASK_LAYOUTS
 from .status import decode_status, new_status, raise_on_status
 

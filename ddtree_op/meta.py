@@ -37,3 +37,11 @@ def tree_attention_fake(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
 def tree_attention_into_fake(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend="auto",
                              kv_scale=None, kv_scale_value=1.0):
     return None
+
+
+def paged_slot_lists_fake(block_table, cache_seqlens, qo_indptr, page_size, num_pages, num_rows):
+    batch = qo_indptr.shape[0] - 1
+    kv_indptr = qo_indptr.new_empty(batch + 1, dtype=torch.int32)
+    kv_indices = qo_indptr.new_empty(batch * block_table.shape[1] * page_size, dtype=torch.int32)
+    out_cache_loc = qo_indptr.new_empty(num_rows, dtype=torch.int32)
+    return kv_indptr, kv_indices, out_cache_loc

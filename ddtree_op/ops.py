@@ -27,6 +27,11 @@ _lib.define(
     " int max_draft_len=0, Tensor(a!)? status=None)"
     " -> (Tensor verify_indptr, Tensor verify_indices, Tensor mask_words, Tensor qo_indptr_out)"
 )
+# Paged KV: the block table as slot lists (prep.paged_slot_lists), which prepare_verify then checks.
+_lib.define(
+    "paged_slot_lists(Tensor block_table, Tensor cache_seqlens, Tensor qo_indptr, SymInt page_size, SymInt num_pages,"
+    " SymInt num_rows) -> (Tensor kv_indptr, Tensor kv_indices, Tensor out_cache_loc)"
+)
 _ATTENTION_ARGS = (
     "Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor verify_indptr, Tensor verify_indices,"
     " Tensor mask_words, float sm_scale"
@@ -66,12 +71,22 @@ def _prepare_verify_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_m
     )
 
 
+def _paged_slot_lists_cuda(block_table, cache_seqlens, qo_indptr, page_size, num_pages, num_rows):
+    # A one-block scan of the lengths, then a thread per slot (cutlass_kernels/paged_indices.cu).
+    build.load_cuda_library()
+    table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
+    return torch.ops.ddtree_cuda.paged_slot_lists(table, cache_seqlens.contiguous(), qo_indptr.contiguous(), page_size,
+                                                  num_pages, num_rows)
+
+
 _lib.impl("build_verify_indices", prep.build_verify_indices, "CPU")
 _lib.impl("build_verify_indices", _build_verify_indices_cuda, "CUDA")
 _lib.impl("convert_tree_mask", prep.convert_tree_mask, "CPU")
 _lib.impl("convert_tree_mask", _convert_tree_mask_cuda, "CUDA")
 _lib.impl("prepare_verify", prep.prepare_verify_checked, "CPU")
 _lib.impl("prepare_verify", _prepare_verify_cuda, "CUDA")
+_lib.impl("paged_slot_lists", prep.paged_slot_lists, "CPU")
+_lib.impl("paged_slot_lists", _paged_slot_lists_cuda, "CUDA")
 
 
 def _tree_attention_into(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend="auto",
@@ -117,11 +132,13 @@ for _name in ("tree_attention", "tree_attention_into"):
 torch.library.register_fake("ddtree::build_verify_indices", meta.build_verify_indices_fake, lib=_lib)
 torch.library.register_fake("ddtree::convert_tree_mask", meta.convert_tree_mask_fake, lib=_lib)
 torch.library.register_fake("ddtree::prepare_verify", meta.prepare_verify_fake, lib=_lib)
+torch.library.register_fake("ddtree::paged_slot_lists", meta.paged_slot_lists_fake, lib=_lib)
 torch.library.register_fake("ddtree::tree_attention", meta.tree_attention_fake, lib=_lib)
 torch.library.register_fake("ddtree::tree_attention_into", meta.tree_attention_into_fake, lib=_lib)
 
 build_verify_indices = torch.ops.ddtree.build_verify_indices.default
 convert_tree_mask = torch.ops.ddtree.convert_tree_mask.default
 prepare_verify = torch.ops.ddtree.prepare_verify.default
+paged_slot_lists = torch.ops.ddtree.paged_slot_lists.default
 tree_attention = torch.ops.ddtree.tree_attention.default
 tree_attention_into = torch.ops.ddtree.tree_attention_into.default

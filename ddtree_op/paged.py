@@ -1,4 +1,4 @@
-"""Paged KV: `mla_tree_verify_paged` and the op that rewrites a block table as slot lists.
+"""Paged KV: `mla_tree_verify_paged`.
 
 A paged cache `[num_pages, page_size, (1,) 576]` is a token pool of num_pages * page_size rows:
 position `pos` of request b lives in slot `block_table[b, pos // page_size] * page_size +
@@ -21,17 +21,10 @@ from __future__ import annotations
 
 import torch
 
-from . import build, ops
+from . import ops
 from .api import attend, mask_words_per_row
 from .checks import INDEX_DTYPES, INDEX_LIMIT, _fail, check_kv_scale, check_verify_shapes
 from .contract import QK_DIM
-
-_lib = torch.library.Library("ddtree", "FRAGMENT")  # module-level: the op lives as long as this
-
-_lib.define(
-    "paged_slot_lists(Tensor block_table, Tensor cache_seqlens, Tensor qo_indptr, SymInt page_size, SymInt num_pages,"
-    " SymInt num_rows) -> (Tensor kv_indptr, Tensor kv_indices, Tensor out_cache_loc)"
-)
 
 
 def paged_verify_len(batch, max_pages, page_size, num_rows):
@@ -39,85 +32,13 @@ def paged_verify_len(batch, max_pages, page_size, num_rows):
     return batch * max_pages * page_size + num_rows
 
 
-def paged_lengths(block_table, cache_seqlens, qo_indptr, page_size, num_rows):
-    """Per request, from the raw arguments: (qo, keys, fits) with qo the draft-row indptr made
-    monotone inside [0, num_rows] (int64 [B+1]), keys the key count (int64 [B]) and fits whether
-    the request's positions fit its table row and its drafts (bool [B])."""
-    batch = qo_indptr.numel() - 1
-    capacity = block_table.shape[1] * page_size
-    qo = torch.cummax(qo_indptr.long().clamp(0, num_rows), 0).values
-    num_draft = qo[1:] - qo[:-1]
-    seqlen = cache_seqlens[:batch].long()
-    fits = (seqlen >= num_draft) & (seqlen <= capacity)
-    keys = torch.where(fits, seqlen, num_draft)
-    return qo, keys, fits
-
-
-def paged_slot_lists(block_table, cache_seqlens, qo_indptr, page_size, num_pages, num_rows):
-    """The CPU implementation of `ddtree::paged_slot_lists` (a tensor program, no host reads): the
-    paged batch in `mla_tree_verify`'s layout, (kv_indptr int32 [B+1], kv_indices int32
-    [B * max_pages * page_size], out_cache_loc int32 [num_rows]), with the slots of every
-    request's prefix positions and of its draft positions; slot -1 where the page id is out of
-    range or the request does not fit (its prefix is then empty). kv_indices past kv_indptr[B]
-    is unspecified (the CUDA kernel leaves it unwritten)."""
-    device = qo_indptr.device
-    batch = qo_indptr.numel() - 1
-    max_pages = block_table.shape[1]
-    qo, keys, fits = paged_lengths(block_table, cache_seqlens, qo_indptr, page_size, num_rows)
-    num_draft = qo[1:] - qo[:-1]
-    prefix = torch.where(fits, keys - num_draft, torch.zeros_like(keys))
-    kv_indptr = torch.zeros(batch + 1, dtype=torch.long, device=device)
-    torch.cumsum(prefix, 0, out=kv_indptr[1:])
-
-    def slots_at(req, pos):
-        column = (pos // page_size).clamp(0, max(max_pages - 1, 0))
-        page = block_table[req, column].long() if max_pages > 0 else torch.full_like(pos, -1)
-        used = fits[req] & (page >= 0) & (page < num_pages)
-        return torch.where(used, page * page_size + pos % page_size, torch.full_like(pos, -1))
-
-    kv_indices = torch.full((batch * max_pages * page_size,), -1, dtype=torch.long, device=device)
-    out_cache_loc = torch.full((num_rows,), -1, dtype=torch.long, device=device)
-    if batch > 0:
-        entry = torch.arange(kv_indices.numel(), device=device)
-        req = torch.searchsorted(kv_indptr[1:], entry, right=True).clamp_(max=batch - 1)
-        kv_indices = torch.where(entry < kv_indptr[batch], slots_at(req, entry - kv_indptr[req]), kv_indices)
-        row = torch.arange(num_rows, device=device)
-        req = torch.searchsorted(qo[1:], row, right=True).clamp_(max=batch - 1)
-        in_batch = (row >= qo[0]) & (row < qo[batch])
-        out_cache_loc = torch.where(in_batch, slots_at(req, prefix[req] + row - qo[req]), out_cache_loc)
-    return kv_indptr.int(), kv_indices.int(), out_cache_loc.int()
-
-
-def _paged_slot_lists_cuda(block_table, cache_seqlens, qo_indptr, page_size, num_pages, num_rows):
-    # A one-block scan of the lengths, then a thread per slot (cutlass_kernels/paged_indices.cu).
-    build.load_cuda_library()
-    table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
-    return torch.ops.ddtree_cuda.paged_slot_lists(table, cache_seqlens.contiguous(), qo_indptr.contiguous(), page_size,
-                                                  num_pages, num_rows)
-
-
-def paged_slot_lists_fake(block_table, cache_seqlens, qo_indptr, page_size, num_pages, num_rows):
-    batch = qo_indptr.shape[0] - 1
-    kv_indptr = qo_indptr.new_empty(batch + 1, dtype=torch.int32)
-    kv_indices = qo_indptr.new_empty(batch * block_table.shape[1] * page_size, dtype=torch.int32)
-    out_cache_loc = qo_indptr.new_empty(num_rows, dtype=torch.int32)
-    return kv_indptr, kv_indices, out_cache_loc
-
-
-_lib.impl("paged_slot_lists", paged_slot_lists, "CPU")
-_lib.impl("paged_slot_lists", _paged_slot_lists_cuda, "CUDA")
-torch.library.register_fake("ddtree::paged_slot_lists", paged_slot_lists_fake, lib=_lib)
-
-paged_slot_lists_op = torch.ops.ddtree.paged_slot_lists.default
-
-
 def prepare_paged(block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr, layout, page_size, num_pages, num_rows,
                   words_per_row, max_draft_len=0, status=None):
     """The paged batch's preparation: its slot lists, then `ddtree::prepare_verify` over them.
     Returns prepare_verify's (verify_indptr, verify_indices [paged_verify_len], mask_words,
     sanitized qo_indptr)."""
-    kv_indptr, kv_indices, out_cache_loc = paged_slot_lists_op(block_table, cache_seqlens, qo_indptr, page_size, num_pages,
-                                                               num_rows)
+    kv_indptr, kv_indices, out_cache_loc = ops.paged_slot_lists(block_table, cache_seqlens, qo_indptr, page_size, num_pages,
+                                                                num_rows)
     return ops.prepare_verify(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows,
                               words_per_row, num_pages * page_size, max_draft_len, status)
 

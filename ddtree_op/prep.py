@@ -311,3 +311,55 @@ def prepare_verify(
     slots outside [0, 2^31 - 1) become -1) and without status."""
     return prepare_verify_checked(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout,
                                   num_rows, words_per_row)[:3]
+
+
+# Paged KV (ddtree_op/paged.py): the block table as slot lists, which prepare_verify then checks.
+
+
+def paged_lengths(block_table, cache_seqlens, qo_indptr, page_size, num_rows):
+    """Per request, from the raw arguments: (qo, keys, fits) with qo the draft-row indptr made
+    monotone inside [0, num_rows] (int64 [B+1]), keys the key count (int64 [B]) and fits whether
+    the request's positions fit its table row and its drafts (bool [B])."""
+    batch = qo_indptr.numel() - 1
+    capacity = block_table.shape[1] * page_size
+    qo = torch.cummax(qo_indptr.long().clamp(0, num_rows), 0).values
+    num_draft = qo[1:] - qo[:-1]
+    seqlen = cache_seqlens[:batch].long()
+    fits = (seqlen >= num_draft) & (seqlen <= capacity)
+    keys = torch.where(fits, seqlen, num_draft)
+    return qo, keys, fits
+
+
+def paged_slot_lists(block_table, cache_seqlens, qo_indptr, page_size, num_pages, num_rows):
+    """The CPU implementation of `ddtree::paged_slot_lists` (a tensor program, no host reads): the
+    paged batch in `mla_tree_verify`'s layout, (kv_indptr int32 [B+1], kv_indices int32
+    [B * max_pages * page_size], out_cache_loc int32 [num_rows]), with the slots of every
+    request's prefix positions and of its draft positions; slot -1 where the page id is out of
+    range or the request does not fit (its prefix is then empty). kv_indices past kv_indptr[B]
+    is unspecified (the CUDA kernel leaves it unwritten)."""
+    device = qo_indptr.device
+    batch = qo_indptr.numel() - 1
+    max_pages = block_table.shape[1]
+    qo, keys, fits = paged_lengths(block_table, cache_seqlens, qo_indptr, page_size, num_rows)
+    num_draft = qo[1:] - qo[:-1]
+    prefix = torch.where(fits, keys - num_draft, torch.zeros_like(keys))
+    kv_indptr = torch.zeros(batch + 1, dtype=torch.long, device=device)
+    torch.cumsum(prefix, 0, out=kv_indptr[1:])
+
+    def slots_at(req, pos):
+        column = (pos // page_size).clamp(0, max(max_pages - 1, 0))
+        page = block_table[req, column].long() if max_pages > 0 else torch.full_like(pos, -1)
+        used = fits[req] & (page >= 0) & (page < num_pages)
+        return torch.where(used, page * page_size + pos % page_size, torch.full_like(pos, -1))
+
+    kv_indices = torch.full((batch * max_pages * page_size,), -1, dtype=torch.long, device=device)
+    out_cache_loc = torch.full((num_rows,), -1, dtype=torch.long, device=device)
+    if batch > 0:
+        entry = torch.arange(kv_indices.numel(), device=device)
+        req = torch.searchsorted(kv_indptr[1:], entry, right=True).clamp_(max=batch - 1)
+        kv_indices = torch.where(entry < kv_indptr[batch], slots_at(req, entry - kv_indptr[req]), kv_indices)
+        row = torch.arange(num_rows, device=device)
+        req = torch.searchsorted(qo[1:], row, right=True).clamp_(max=batch - 1)
+        in_batch = (row >= qo[0]) & (row < qo[batch])
+        out_cache_loc = torch.where(in_batch, slots_at(req, prefix[req] + row - qo[req]), out_cache_loc)
+    return kv_indptr.int(), kv_indices.int(), out_cache_loc.int()

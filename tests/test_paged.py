@@ -10,7 +10,7 @@ from conftest import needs_cuda, relative_error
 from gpu_cases import cuda_backends
 from ddtree_op import mla_tree_verify_paged, ops
 from ddtree_op.api import mask_words_per_row
-from ddtree_op.paged import paged_slot_lists_op, paged_verify_len, prepare_paged
+from ddtree_op.paged import paged_verify_len, prepare_paged
 from ddtree_op.synthetic_paged import dequantized_pool, make_paged_batch
 
 LAYOUTS = ("full", "qlen", "packed")
@@ -201,7 +201,7 @@ def test_opcheck_paged_slot_lists():
     for i, (prefix, drafts, page) in enumerate(CASES):
         pb = make_paged_batch(prefix, drafts, 1, page_size=page, pad_rows=i, seed=i)
         pb.block_table[0, 0] = -3  # a bad page id: slot -1
-        torch.library.opcheck(paged_slot_lists_op, (pb.block_table, pb.cache_seqlens, pb.qo_indptr, page,
+        torch.library.opcheck(ops.paged_slot_lists, (pb.block_table, pb.cache_seqlens, pb.qo_indptr, page,
                                                     pb.kv_cache.shape[0], pb.q.shape[0]))
 
 
