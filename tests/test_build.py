@@ -1,5 +1,6 @@
 """The CUDA build's pure-Python parts: sources per library, cache keys, shipped sources."""
 
+import os
 import re
 import subprocess
 import sys
@@ -54,6 +55,16 @@ def test_wheel_ships_every_kernel_source(tmp_path):
     assert not any("layout_check" in name for name in names)
     assert "ddtree_op/py.typed" in names
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)
+    # An AOT library is named by the key setup.py computes from the checkout; the installed
+    # package must compute the same key from its own copy of the sources, or it would never load.
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    probe = ("import ddtree_op.build as b; print(b.kernel_source_dir()); "
+             "print(*(b.aot_module_name(lib, arch) for lib in ('prep', 'sm90') for arch in ('90a', '80')))")
+    installed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                               env=dict(os.environ, PYTHONPATH=str(site)), check=True).stdout.splitlines()
+    assert installed[0] == str(site / "ddtree_op" / "csrc")
+    assert installed[1].split() == [build.aot_module_name(lib, arch) for lib in ("prep", "sm90") for arch in ("90a", "80")]
 
 
 def test_kernel_sources_are_found_in_the_checkout():
