@@ -21,6 +21,10 @@ run_from() {  # site cache: run python with the installed copy first on the path
   (cd /tmp && DDTREE_CACHE_DIR=$cache PYTHONPATH=$site${EXTRA_PATH:+:$EXTRA_PATH} "$@")
 }
 
+# --no-build-isolation (no index to fetch a build backend from) needs pyproject's setuptools here.
+python3 -c 'import setuptools, sys; print("setuptools", setuptools.__version__); sys.exit(int(setuptools.__version__.split(".")[0]) < 77)' \
+  || { echo "setuptools >= 77 is needed (SPDX license metadata): bring its wheel"; exit 1; }
+
 echo "== 1. pip install . (JIT on first use)"
 python3 -m pip install -q --no-deps --no-build-isolation --target "$root/jit" "$repo" || { echo "pip install . failed"; exit 1; }
 test -f "$root/jit/ddtree_op/csrc/registration.cpp" || { echo "the CUDA sources are not in the installed package"; exit 1; }
