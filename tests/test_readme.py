@@ -7,14 +7,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def variables_read_by(paths):
-    names = set()
-    for path in paths:
-        text = path.read_text()
-        names |= set(re.findall(r"""environ(?:\.get)?\(\s*["'](DDTREE_\w+)""", text))
-        names |= set(re.findall(r"""environ\[\s*["'](DDTREE_\w+)""", text))
-        # Variables named through a module constant, e.g. DISABLE_SM90_ENV = "DDTREE_DISABLE_SM90".
-        names |= set(re.findall(r"""_ENV\s*=\s*["'](DDTREE_\w+)""", text))
-    return names
+    # Every DDTREE_* name as a string literal: read directly or through a constant/helper.
+    return {name for path in paths for name in re.findall(r"""["'](DDTREE_[A-Z0-9_]+)["']""", path.read_text())}
 
 
 def test_every_environment_variable_is_in_the_readme_table():
