@@ -74,11 +74,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> paged_slot_lists_cuda(const at::T
 
 }  // namespace
 
-// Its own fragment of the library's namespace: the schema sits beside its only implementation.
-TORCH_LIBRARY_FRAGMENT(ddtree_cuda, m) {
-  m.def(
-      "paged_slot_lists(Tensor block_table, Tensor cache_seqlens, Tensor qo_indptr, int page_size, int num_pages,"
-      " int num_rows) -> (Tensor kv_indptr, Tensor kv_indices, Tensor out_cache_loc)");
-}
-
 TORCH_LIBRARY_IMPL(ddtree_cuda, CUDA, m) { m.impl("paged_slot_lists", &paged_slot_lists_cuda); }

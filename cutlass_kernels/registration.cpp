@@ -13,4 +13,7 @@ TORCH_LIBRARY(ddtree_cuda, m) {
       "prepare_verify(Tensor qo_indptr, Tensor kv_indptr, Tensor kv_indices, Tensor out_cache_loc, Tensor tree_mask,"
       " Tensor? mask_indptr, str layout, int num_rows, int words_per_row, int num_slots, int max_draft_len,"
       " Tensor(a!)? status) -> (Tensor verify_indptr, Tensor verify_indices, Tensor mask_words, Tensor qo_indptr_out)");
+  m.def(
+      "paged_slot_lists(Tensor block_table, Tensor cache_seqlens, Tensor qo_indptr, int page_size, int num_pages,"
+      " int num_rows) -> (Tensor kv_indptr, Tensor kv_indices, Tensor out_cache_loc)");
 }
