@@ -16,16 +16,19 @@ from ddtree_op.backends.triton.attention import tree_attention_triton  # noqa: E
 from ddtree_op.paged import prepare_paged  # noqa: E402
 from ddtree_op.synthetic_paged import make_paged_batch  # noqa: E402
 
-# (prefix lengths, draft lengths, heads, page size, splits, dv_parts, kv dtype, scale as a tensor)
-CASES = [([5, 0, 70], [3, 4, 0], 4, 16, 1, 1, "fp8", False), ([40, 3, 9], [3, 4, 5], 2, 16, 3, 1, "fp8", True),
-         ([0, 1], [2, 1], 16, 16, 2, 2, "fp8", True), ([60], [8], 3, 64, 1, 2, "uint8", False),
-         ([300, 17], [5, 2], 2, 64, 5, 1, "same", False)]
+# (prefix lengths, draft lengths, heads, page size, splits, dv_parts, kv dtype, scale as a tensor, bad page ids)
+CASES = [([5, 0, 70], [3, 4, 0], 4, 16, 1, 1, "fp8", False, False), ([40, 3, 9], [3, 4, 5], 2, 16, 3, 1, "fp8", True, True),
+         ([0, 1], [2, 1], 16, 16, 2, 2, "fp8", True, False), ([60], [8], 3, 64, 1, 2, "uint8", False, True),
+         ([300, 17], [5, 2], 2, 64, 5, 1, "same", False, True)]
 
 failures = 0
-for prefix, drafts, heads, page, splits, dv_parts, kv_dtype, scale_tensor in CASES:
+for prefix, drafts, heads, page, splits, dv_parts, kv_dtype, scale_tensor, bad_pages in CASES:
     for layout in ("full", "packed"):
         pb = make_paged_batch(prefix, drafts, heads, page_size=page, dtype=torch.float16, kv_dtype=kv_dtype, layout=layout,
                               pad_rows=2, kv_scale_tensor=scale_tensor, seed=heads + splits)
+        if bad_pages:  # request 0's first page out of range, and a length that does not fit: slots -1
+            pb.block_table[0, 0] = pb.kv_cache.shape[0]
+            pb.cache_seqlens[-1] = drafts[-1] - 1 if drafts[-1] > 0 else pb.cache_seqlens[-1]
         rows = pb.q.shape[0]
         words = mask_words_per_row(pb.tree_mask, layout, rows, None)
         verify_indptr, verify_indices, mask_words, qo = prepare_paged(pb.block_table, pb.cache_seqlens, pb.qo_indptr, pb.tree_mask,
@@ -40,13 +43,13 @@ for prefix, drafts, heads, page, splits, dv_parts, kv_dtype, scale_tensor in CAS
         lse = torch.full_like(ref_lse, float("nan"))
         tree_attention_triton(pb.q, pool, qo, verify_indptr, verify_indices, mask_words, pb.sm_scale, out, lse, block_m=16,
                               block_n=16, num_splits=splits, dv_parts=dv_parts, kv_scale=tensor, kv_scale_value=value)
-        err = float((out.double() - ref_out.double()).norm() / ref_out.double().norm())
+        err = float((out.double() - ref_out.double()).norm() / ref_out.double().norm().clamp_min(1e-30))  # 0 when nothing is seen
         finite = torch.isfinite(ref_lse)
         ok = (err < 2e-3 and not torch.isnan(out).any() and torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
               and torch.allclose(lse[finite], ref_lse[finite], atol=1e-3))
         failures += not ok
         print(f"{prefix} {drafts} H={heads} page={page} splits={splits} dv_parts={dv_parts} {kv_dtype} "
-              f"scale {'tensor' if scale_tensor else 'float'} {layout}: rel err {err:.1e} {'ok' if ok else 'FAIL'}")
+              f"scale {'tensor' if scale_tensor else 'float'}{' bad pages' if bad_pages else ''} {layout}: rel err {err:.1e} {'ok' if ok else 'FAIL'}")
 # A kv_scale tensor changed in place is read again (what a CUDA-graph replay sees).
 pb = make_paged_batch([33], [4], 2, page_size=16, dtype=torch.float16, kv_dtype="fp8", kv_scale_tensor=True, seed=9)
 prepared = prepare_paged(pb.block_table, pb.cache_seqlens, pb.qo_indptr, pb.tree_mask, pb.mask_indptr, "full", 16,
