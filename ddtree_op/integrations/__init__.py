@@ -1,0 +1,1 @@
+"""Serving-framework integrations; each submodule imports its framework, this package does not."""
