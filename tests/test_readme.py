@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import ddtree_op
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -12,7 +14,8 @@ def variables_read_by(paths):
 
 
 def test_every_environment_variable_is_in_the_readme_table():
-    read = variables_read_by(list((REPO / "ddtree_op").rglob("*.py")) + [REPO / "setup.py"])
+    package = Path(ddtree_op.__file__).parent  # the imported copy, installed or in the checkout
+    read = variables_read_by(list(package.rglob("*.py")) + [REPO / "setup.py"])
     assert {"DDTREE_CHECK", "DDTREE_CUDA_ARCH", "DDTREE_FORCE_JIT", "DDTREE_AOT_BUILD"} <= read
     table = set(re.findall(r"^\| `(DDTREE_\w+)` \|", (REPO / "README.md").read_text(), flags=re.M))
     assert read <= table, f"not in the README's table: {sorted(read - table)}"
