@@ -1,0 +1,64 @@
+"""What the bounds checks and the status cost: the preparation launch and the whole verify step
+(preparation + attention, one graph), each without and with `status=`, on the benchmark's cases:
+
+  PYTHONPATH=$PWD python3 bench/time_status.py [CASE,CASE,...] [--backend sm90]
+
+Same timing as bench/verify.py (graphs of up to 8 calls on rotating input sets, median of 15
+groups). The sanitizing itself is always on; its cost is the step here against the step of a run
+before it (bench/results, same machine), or of an older checkout put first on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import ddtree_op
+from bench.cases import all_cases
+from bench.verify import Inputs, input_set_count, time_graph
+from ddtree_op import ops
+
+
+def _prepare(i: Inputs, status):
+    vb = i.vb
+    slots = vb.kv_cache.shape[0]
+    return lambda: ops.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr,
+                                      "full", i.rows, i.words, slots, i.max_draft or 0, status)
+
+
+def _step(i: Inputs, backend: str, status):
+    vb = i.vb
+    return lambda: ddtree_op.mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=i.out, lse=i.lse, backend=backend,
+                                             max_draft_len=i.max_draft, status=status)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cases", nargs="?", help="comma-separated case names (default: all)")
+    parser.add_argument("--backend", default="sm90")
+    args = parser.parse_args(argv)
+    names = set(args.cases.split(",")) if args.cases else None
+    print(f"{'case':28s} {'prep us':>8s} {'+status':>8s} {'step us':>9s} {'+status':>9s} {'status %':>9s}")
+    ratios = []
+    for case in all_cases():
+        if names is not None and case.name not in names:
+            continue
+        inputs = [Inputs(case, seed) for seed in range(input_set_count(case))]
+        status = ddtree_op.new_status("cuda")
+        prep = time_graph([_prepare(i, None) for i in inputs])
+        prep_status = time_graph([_prepare(i, status) for i in inputs])
+        step = time_graph([_step(i, args.backend, None) for i in inputs])
+        step_status = time_graph([_step(i, args.backend, status) for i in inputs])
+        ddtree_op.raise_on_status(status)  # the benchmark's inputs are valid
+        ratios.append(step_status / step)
+        print(f"{case.name:28s} {prep * 1e6:8.2f} {prep_status * 1e6:8.2f} {step * 1e6:9.2f} {step_status * 1e6:9.2f} "
+              f"{(step_status / step - 1) * 100:+8.2f}%", flush=True)
+    if ratios:
+        geomean = 1.0
+        for r in ratios:
+            geomean *= r ** (1 / len(ratios))
+        print(f"status: geomean step overhead {(geomean - 1) * 100:+.2f}% over {len(ratios)} cases, "
+              f"max {(max(ratios) - 1) * 100:+.2f}%")
+
+
+if __name__ == "__main__":
+    main()
