@@ -171,10 +171,13 @@ def run_case(case: Case, device: str, backend: str) -> None:
 
     out, lse, good_out, good_lse = (t.float().cpu() for t in (out, lse, good_out, good_lse))
     assert not out.isnan().any() and not lse.isnan().any(), "NaN in the output of a bad step"
+    # Other requests keep their keys; on a GPU a schedule planned from the lengths may still split
+    # their keys elsewhere (another summation order), so compare at bf16 precision there.
+    tolerance = dict(atol=1e-6, rtol=0) if device == "cpu" else dict(atol=2e-2, rtol=2e-2)
     for b, rows in enumerate(_request_rows(vb)):
         rows = list(rows)
         if b not in case.affected:
-            assert torch.allclose(out[rows], good_out[rows], atol=1e-6, rtol=0), f"request {b} changed"
+            assert torch.allclose(out[rows], good_out[rows], **tolerance), f"request {b} changed"
             assert torch.equal(lse[rows].isinf(), good_lse[rows].isinf()), f"request {b} changed"
         elif case.void:
             assert (out[rows] == 0).all() and (lse[rows] == float("-inf")).all(), f"request {b} is not void"
