@@ -26,6 +26,16 @@ from ddtree_op.checks import kv_rows
 from ddtree_op.synthetic import make_verify_batch
 
 L2_BYTES = 60 * 2**20
+FLASHMLA_PAGE = 64
+
+
+def flashmla_available() -> bool:
+    try:
+        import flash_mla  # noqa: F401
+    except Exception as exc:  # a missing wheel, or one built for another torch
+        print(f"flashmla column skipped: flash_mla does not import here ({exc})")
+        return False
+    return True
 
 
 def capture_graph(launches) -> torch.cuda.CUDAGraph:
@@ -110,6 +120,8 @@ class Inputs:
         vb = make_verify_batch(list(case.prefix_lens), list(case.draft_lens), case.heads, device="cuda", seed=seed,
                                chain=case.chain, kv_cache_3d=True)
         self.vb = vb
+        self.case = case
+        self.seed = seed
         self.max_draft = max(case.draft_lens)
         self.rows = vb.q.shape[0]
         self.words = math.ceil(self.max_draft / 64)
@@ -122,7 +134,7 @@ class Inputs:
     def attention(self, backend: str, **triton_config):
         vb = self.vb
         if triton_config:
-            from ddtree_op.triton_attention import tree_attention_triton
+            from ddtree_op.backends.triton.attention import tree_attention_triton
 
             return lambda: tree_attention_triton(vb.q, self.kv_rows, vb.qo_indptr, self.verify_indptr, self.verify_indices,
                                                  self.mask_words, vb.sm_scale, self.out, self.lse, **triton_config)
@@ -146,6 +158,30 @@ class Inputs:
         vb = self.vb
         return lambda: ops.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
                                           vb.mask_indptr, "full", self.rows, self.words)
+
+    def flashmla(self):
+        """FlashMLA's dense decode on the same work laid out its way: each request's prefix and
+        drafts in contiguous 64-row pages, a causal mask instead of the tree (a yardstick only)."""
+        import flash_mla
+
+        case, heads, n = self.case, self.case.heads, self.max_draft
+        gen = torch.Generator(device="cuda").manual_seed(1000 + self.seed)
+        seqlens = torch.tensor([p + n for p in case.prefix_lens], dtype=torch.int32, device="cuda")
+        pages = [math.ceil((p + n) / FLASHMLA_PAGE) for p in case.prefix_lens]
+        first_page = [sum(pages[:b]) for b in range(len(pages))]
+        table = torch.zeros(len(pages), max(pages), dtype=torch.int32, device="cuda")
+        for b, (start, count) in enumerate(zip(first_page, pages)):
+            table[b, :count] = torch.arange(start, start + count, dtype=torch.int32, device="cuda")
+        k_cache = torch.randn(sum(pages), FLASHMLA_PAGE, 1, 576, device="cuda", dtype=torch.bfloat16, generator=gen)
+        q = torch.randn(len(pages), n, heads, 576, device="cuda", dtype=torch.bfloat16, generator=gen)
+        meta, _ = flash_mla.get_mla_metadata()
+
+        def launch():
+            return flash_mla.flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, meta, softmax_scale=self.vb.sm_scale,
+                                                    causal=True, use_legacy=True)
+
+        launch()  # the first call fills the schedule; captured replays reuse it
+        return launch
 
     def baseline(self):
         from bench.sglang_baseline import sglang_style_verify
@@ -183,6 +219,8 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
     for backend in backends:
         if backend == "sglang_baseline":
             timings[backend] = time_graph([i.baseline() for i in inputs])
+        elif backend == "flashmla":
+            timings[backend] = time_graph([i.flashmla() for i in inputs])
         else:
             timings[backend] = time_graph([i.attention(backend) for i in inputs])
     for name, config in triton_configs.items():
@@ -190,7 +228,7 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
     if floor * 1e6 < REFERENCE_MAX_FLOOR_US:
         timings["reference(eager)"] = time_eager(inputs[0].attention("reference"))
     if with_prep:
-        best = min((b for b in backends if b not in ("sglang_baseline", "reference")), key=lambda b: timings[b], default=None)
+        best = min((b for b in backends if b not in ("sglang_baseline", "reference", "flashmla")), key=lambda b: timings[b], default=None)
         if best is not None:
             timings[f"step[{best}]"] = time_graph([i.whole_step(best) for i in inputs])
         timings["index_build"] = time_graph([i.index_build() for i in inputs])
@@ -199,6 +237,9 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
     for name, seconds in timings.items():
         row["time_us"][name] = seconds * 1e6
     row["sol_fraction"] = {k: floor / v for k, v in timings.items() if not k.startswith(PREP_OP_PREFIXES)}
+    if "flashmla" in timings:  # time over FlashMLA's: < 1 is faster than FlashMLA
+        row["vs_flashmla"] = {k: v / timings["flashmla"] for k, v in timings.items()
+                              if k != "flashmla" and not k.startswith(PREP_OP_PREFIXES)}
     if "sglang_baseline" in timings:
         row["speedup_vs_baseline"] = {k: timings["sglang_baseline"] / v for k, v in timings.items()
                                       if k != "sglang_baseline" and not k.startswith(PREP_PREFIXES)}
@@ -219,7 +260,7 @@ def git_commit() -> str:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="all", choices=["all", "grid", "ragged", "serving"])
-    parser.add_argument("--backends", default="triton,sglang_baseline", help="comma list: cutlass,triton,sglang_baseline")
+    parser.add_argument("--backends", default="triton,sglang_baseline", help="comma list: sm90,triton,sglang_baseline,flashmla (FlashMLA's dense decode, where flash_mla imports)")
     parser.add_argument("--triton-configs", default=None, help="extra Triton variants 'BM,BN,warps,stages;...'")
     parser.add_argument("--filter", default=None, help="only cases whose name contains this")
     parser.add_argument("--no-prep", action="store_true", help="skip timing index build, mask conversion, whole step")
@@ -230,6 +271,8 @@ def main(argv=None):
     if args.filter:
         cases = [c for c in cases if args.filter in c.name]
     backends = [b for b in args.backends.split(",") if b]
+    if "flashmla" in backends and not flashmla_available():
+        backends.remove("flashmla")
     triton_configs = parse_triton_configs(args.triton_configs)
     gpu = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()

@@ -1,9 +1,10 @@
 // Tile shapes, shared-memory layouts and tensor-core atoms of the sm_90a verify kernel.
 //
 // A CTA owns 64 packed (draft row, head) rows of one request and walks a key range in pairs of
-// 64-key tiles. Warpgroup w computes S = Q K^T (64 x 64, over 576) for tile w of the pair and
-// each owns half of the 512 output columns (O is 64 x 256 fp32 per warpgroup: 128 registers a
-// thread), for which it needs both tiles' P: its own from registers, the other's from shared memory.
+// 64-key tiles (mainloop.cuh). Warpgroup w (w = 0, 1) computes S = Q K^T (64 x 64, over 576) for
+// tile w of the pair and owns half of the 512 output columns (O is 64 x 256 fp32 per warpgroup:
+// 128 registers a thread), for which it needs both tiles' P: its own from registers, the
+// other's from shared memory. Warpgroup 2 gathers the tiles (gather.cuh).
 // The KV tile in shared memory is laid out once, K-major with 128-byte swizzle; the same bytes
 // are read as the K-major B operand of Q K^T and, transposed, as the MN-major B operand of P V.
 #pragma once
@@ -12,6 +13,8 @@
 #include <cute/atom/mma_atom.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
+#include "../contract.cuh"
+
 namespace ddtree::sm90 {
 
 using namespace cute;
@@ -19,15 +22,20 @@ using namespace cute;
 template <class Element_>
 struct VerifyTraits {
   using Element = Element_;
-  static constexpr int kRows = 64;        // packed (draft, head) rows per CTA
-  static constexpr int kKeys = 64;        // keys per tile
-  static constexpr int kQkDim = 576;      // 512 latent + 64 rope
-  static constexpr int kLatent = 512;     // V = first 512 columns of the same row
+  static constexpr int kRows = kRowsPerBlock;  // packed (draft, head) rows per CTA
+  static constexpr int kKeys = kKeyTile;      // keys per tile
+  static constexpr int kQkDim = ddtree::kQkDim;  // 512 latent + 64 rope
+  static constexpr int kLatent = kLatentDim;     // V = first 512 columns of the same row
   static constexpr int kHalf = 256;       // output columns per consumer warpgroup
-  static constexpr int kWarpgroups = 2;
-  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kMmaWarpgroups = 2;  // warpgroups 0 and 1: the GEMMs and the softmax
+  static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
+  static constexpr int kGatherWarpgroup = kMmaWarpgroups;  // warpgroup 2: the gather (gather.cuh)
+  static constexpr int kThreads = kMmaThreads + 128;
+  // Registers per thread after setmaxnreg: 2 x 128 x 232 + 128 x 40 = 64512 of the 65536.
+  static constexpr int kMmaRegisters = 232, kGatherRegisters = 40;
   static constexpr int kStages = 2;       // KV tiles in flight
-  static constexpr int kChunksPerRow = kQkDim * int(sizeof(Element)) / 16;  // 16-byte cp.async chunks
+  static constexpr int kChunkCols = 64;   // a KV tile lands in 64-column chunks (8 KB), one mbarrier each
+  static constexpr int kColumnChunks = kQkDim / kChunkCols;  // 9: chunks 0-7 are V, chunk 8 the rope
 
   using Rows = Int<kRows>;
   using Keys = Int<kKeys>;
@@ -59,9 +67,20 @@ struct VerifyTraits {
 
   static constexpr int kSmemQ = cosize_v<SmemLayoutQ> * int(sizeof(Element));
   static constexpr int kSmemK = cosize_v<SmemLayoutK> * int(sizeof(Element));
-  static constexpr int kSmemBarriers = 2 * kStages * 8;  // full + empty mbarrier per stage
-  static constexpr int kSmemExchange = kWarpgroups * kRows * 4;  // per-row maxima / sums between warpgroups
-  static constexpr int kSmemBytes = kSmemQ + kStages * kSmemK + kSmemBarriers + kSmemExchange;
+
+  // What the warpgroups share besides the tiles (after Q and the stages).
+  struct SharedState {
+    // The parts of a stage that one GEMM warpgroup reads last, released to the gather together.
+    enum ReleaseGroup { kStage0Low, kStage0High, kStage1Low, kStage1High, kReleaseGroups };
+    uint64_t chunk_full[kStages][kColumnChunks];  // a chunk's 16-byte pieces (and chunk 0: the key bits) are in
+    uint64_t q_full;
+    uint64_t chunk_empty[kReleaseGroups];         // a release group's last reader is done with it
+    uint16_t key_slots[2][kStages][4];  // [pair parity][stage][warp]: keys with a slot (gather.cuh)
+    float row_max[kRows];               // running maximum per row (base 2), updated by both in turn
+    float scale0[kRows], scale1[kRows]; // each warpgroup's rescale factor of the current pair
+    float row_sum[kMmaWarpgroups][kRows];  // the final sums of both warpgroups
+  };
+  static constexpr int kSmemBytes = kSmemQ + kStages * kSmemK + int(sizeof(SharedState));
 };
 
 // The fp16 kernel uses the same shapes with fp16 atoms.

@@ -1,14 +1,14 @@
 // The persistent schedule of the sm_90a verify kernel, computed by every CTA from the indptrs.
-// ddtree_op/balanced_schedule.py is its reference in Python and says what it does; the Triton
-// combine (ddtree_op/balanced_combine.py) finds the partial slots with the same formulas.
+// ddtree_op/backends/sm90/persistent_schedule.py is its reference in Python and says what it
+// does; the Triton combine (persistent_combine.py beside it) finds the partial slots with the
+// same formulas.
 #pragma once
 
+#include "../contract.cuh"
 #include "../index_view.cuh"
 
 namespace ddtree::sm90 {
 
-constexpr int kUnitKeys = 128;  // keys per unit of work: a pair of 64-key tiles
-constexpr int kCutCostUnits = 8;  // balanced_schedule.py: CUT_COST_UNITS
 
 struct RequestWork {
   int row_blocks;  // ceil(drafts * heads / 64)

@@ -1,0 +1,53 @@
+// The epilogue: the normalised output tile (or its fp32 partial) through shared memory to global.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+namespace ddtree::sm90 {
+
+using namespace cute;
+
+// Two adjacent output columns as one 32-bit word (lower address first).
+template <class Element>
+__device__ __forceinline__ uint32_t pack_pair(float first, float second) {
+  return uint32_t(Element(first).raw()) | (uint32_t(Element(second).raw()) << 16);
+}
+
+// Store of the normalised [kRows, kCols] output tile (O times 1 / row sum), through shared memory
+// so that each thread stores 16 bytes and a warp 512 contiguous bytes (from the accumulator
+// layout a warp store would be 8 rows x 16..32 bytes). The caller guarantees that shared memory
+// is free: no copy in flight, every wgmma read done, all threads past a barrier.
+// Value 4 b + 2 j (+1) of the accumulator is row my_row + 8 j, columns col_base + 8 b + 2 (lane % 4) (+1)
+// (tests/layout_check.cu). row_start(r) is the global address of row r < valid_rows.
+template <class OutT, int kRows, int kCols, int kThreads, class AccO, class CoordO, class RowStart>
+__device__ __forceinline__ void store_tile_through_smem(uint8_t* smem, AccO const& acc_o, CoordO const& coord_o,
+                                                        int my_row, int col_base, const float (&inv_sum)[2],
+                                                        int valid_rows, int tid, RowStart row_start) {
+  constexpr int kStride = kCols + 16 / int(sizeof(OutT));  // one 16-byte pad: a warp's 8 rows on different banks
+  OutT* staging = reinterpret_cast<OutT*>(smem);
+  CUTE_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    OutT* row = staging + (my_row + 8 * j) * kStride + col_base;
+    CUTE_UNROLL
+    for (int b = 0; b < size(acc_o) / 4; ++b) {
+      const int i = 4 * b + 2 * j;
+      const float first = acc_o(i) * inv_sum[j], second = acc_o(i + 1) * inv_sum[j];
+      if constexpr (std::is_same_v<OutT, float>) {
+        *reinterpret_cast<float2*>(row + get<1>(coord_o(i))) = make_float2(first, second);
+      } else {
+        *reinterpret_cast<uint32_t*>(row + get<1>(coord_o(i))) = pack_pair<OutT>(first, second);
+      }
+    }
+  }
+  cutlass::arch::NamedBarrier::arrive_and_wait(kThreads, 0);
+  constexpr int kVector = 16 / int(sizeof(OutT));
+  constexpr int kVectorsPerRow = kCols / kVector;
+#pragma unroll 4
+  for (int v = tid; v < kRows * kVectorsPerRow; v += kThreads) {
+    const int r = v / kVectorsPerRow, col = (v % kVectorsPerRow) * kVector;
+    if (r < valid_rows) *reinterpret_cast<uint4*>(row_start(r) + col) = *reinterpret_cast<const uint4*>(staging + r * kStride + col);
+  }
+}
+
+}  // namespace ddtree::sm90

@@ -1,0 +1,258 @@
+// The main loop of one segment (a row block and a range of its keys), in pairs of 64-key tiles:
+// tile 2i in stage 0, tile 2i + 1 in stage 1.
+//
+// Warpgroup w computes S for the tile in stage w (over 576 columns, chunk by chunk as the chunks
+// land) and owns output columns [256 w, 256 w + 256). Per pair (the seesaw, softmax.cuh):
+//   wg 0: S0; raise max (scale0) -> [scale0 ready]; P0 into stage 0's rope chunk -> [P0 ready];
+//         O_L *= scale0; O_L += P0 V0_L; release stage 0 chunks 0-3; wait [scale1 ready];
+//         O_L *= scale1; wait [P1 ready]; O_L += P1 V1_L; release stage 1 chunks 0-3 and 8.
+//   wg 1: S1; wait [scale0 ready]; raise max (scale1) -> [scale1 ready]; P1 into stage 1's rope
+//         chunk -> [P1 ready]; O_R *= scale0; wait [P0 ready]; O_R += P0 V0_R; O_R *= scale1
+//         (only where a maximum moved: it waits for that GEMM); O_R += P1 V1_R; release stage 0
+//         chunks 4-8, then stage 1 chunks 4-7.
+// P is stored from the registers the P V GEMM reads before that GEMM is issued: reading them
+// while it is in flight makes ptxas serialise its wgmma instructions (warning C7519).
+// Each part of a stage is released to the gather warpgroup by the warpgroup whose GEMM reads it
+// last, as soon as that GEMM is done; the rope chunk holds P once its S is done. The four named barriers are each crossed once per pair, and each warpgroup's next
+// arrival on one depends on the other's wait on it, so none is overtaken.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "gather.cuh"  // read_key_slots
+#include "mask_policy.cuh"
+#include "softmax.cuh"
+#include "traits.cuh"
+
+namespace ddtree::sm90 {
+
+using namespace cute;
+
+enum PairBarrier : uint32_t { kEpilogueBarrier = 0, kScale0Ready = 1, kScale1Ready = 2, kP0Ready = 3, kP1Ready = 4 };
+
+// Issues a warpgroup GEMM over all k-blocks (acc += A B) as one commit group; the caller waits.
+template <class TiledMma, class TA, class TB, class TC>
+__device__ __forceinline__ void issue_warpgroup_gemm(TiledMma& mma, TA const& a, TB const& b, TC& acc) {
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  mma.accumulate_ = GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) cute::gemm(mma, a(_, _, k), b(_, _, k), acc);
+  warpgroup_commit_batch();
+}
+
+// S = Q K^T of one stage over the chunks in `Chunks`, in that order: the chunks of one release
+// group are waited for together, then one proxy fence (MEMBAR + FENCE.VIEW.ASYNC) makes them
+// visible to the tensor cores, and their GEMMs issue while the next group may still be landing.
+template <int... kChunk>
+struct ChunkGroup {};
+
+template <class Traits, class TiledMma, class FragQ, class FragK, class AccS, int... kChunk>
+__device__ __forceinline__ void qk_gemm_group(TiledMma& mma, FragQ const& frag_q, FragK const& frag_k, uint64_t* chunk_full,
+                                              int phase, AccS& acc_s, ChunkGroup<kChunk...>) {
+  using Barrier = cutlass::arch::ClusterBarrier;
+  constexpr int kSteps = Traits::kChunkCols / 16;
+  (Barrier::wait(&chunk_full[kChunk], phase), ...);
+  cutlass::arch::fence_view_async_shared();  // cp.async writes -> wgmma (async proxy) reads
+  warpgroup_arrive();
+  auto chunk_gemm = [&](int c) {
+    CUTE_UNROLL
+    for (int k = c * kSteps; k < (c + 1) * kSteps; ++k) {
+      cute::gemm(mma, frag_q(_, _, k), frag_k(_, _, k), acc_s);
+      mma.accumulate_ = GMMA::ScaleOut::One;
+    }
+  };
+  (chunk_gemm(kChunk), ...);
+  warpgroup_commit_batch();
+}
+
+template <class Traits, class TiledMma, class FragQ, class FragK, class AccS, class First, class Second>
+__device__ __forceinline__ void qk_gemm(TiledMma& mma, FragQ const& frag_q, FragK const& frag_k, uint64_t* chunk_full, int phase,
+                                        AccS& acc_s, First first, Second second) {
+  warpgroup_fence_operand(acc_s);
+  mma.accumulate_ = GMMA::ScaleOut::Zero;
+  qk_gemm_group<Traits>(mma, frag_q, frag_k, chunk_full, phase, acc_s, first);
+  qk_gemm_group<Traits>(mma, frag_q, frag_k, chunk_full, phase, acc_s, second);
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc_s);
+}
+
+// P (value 4 b + 2 j (+1): row my_row + 8 j, columns 8 b + 2 quad_lane (+1)) times `factor` into
+// a stage's rope chunk, one 4-byte store per column pair at its swizzled address. Scaled from the
+// rounded probabilities, so no fp32 copy of P stays live across the P V GEMM.
+template <class Traits, class Probs>
+__device__ __forceinline__ void store_probs(typename Traits::Element* stage, Probs const& probs, const float (&factor)[2],
+                                            int my_row, int quad_lane) {
+  using Element = typename Traits::Element;
+  const uint32_t base = cute::cast_smem_ptr_to_uint(stage + Traits::kRopeOffset);
+  CUTE_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    CUTE_UNROLL
+    for (int b = 0; b < Traits::kKeys / 8; ++b) {
+      const int i = 4 * b + 2 * j;
+      const uint32_t bits = uint32_t(Element(float(probs(i)) * factor[j]).raw()) |
+                            (uint32_t(Element(float(probs(i + 1)) * factor[j]).raw()) << 16);
+      const uint32_t addr = base + p_tile_byte_offset(my_row + 8 * j, 8 * b + 2 * quad_lane);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(bits) : "memory");
+    }
+  }
+  cutlass::arch::fence_view_async_shared();  // P stores (generic proxy) -> the other's wgmma
+}
+
+// What the GEMM warpgroups need of a segment: its key range and which keys each row sees.
+struct SegmentKeys {
+  int kv_begin, num_tiles;
+  TreeMask mask;
+  int row0;  // the block's first packed row
+  float scale_log2;
+};
+
+// One warpgroup's loop over the segment's pairs. acc_o and row_sum (this thread's part of its
+// rows' sums over this warpgroup's tiles) are kept under the shared row maximum at the end.
+template <class Traits, int kWarpgroup, class AccO>
+__device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Traits::Element* smem_q,
+                                          typename Traits::Element* smem_k, typename Traits::SharedState& st,
+                                          int pairs_done, int wg_thread, AccO& acc_o, float (&row_sum)[2]) {
+  using Element = typename Traits::Element;
+  using NamedBarrier = cutlass::arch::NamedBarrier;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using State = typename Traits::SharedState;
+  constexpr int kThreads = Traits::kMmaThreads, kKeys = Traits::kKeys, kHalf = Traits::kHalf;
+  constexpr int kStageElems = cosize_v<typename Traits::SmemLayoutK>;
+  Element* const stage0 = smem_k;
+  Element* const stage1 = smem_k + kStageElems;
+  Element* const my_stage = kWarpgroup == 0 ? stage0 : stage1;
+
+  typename Traits::TiledMmaQK mma_qk;
+  typename Traits::TiledMmaPV mma_pv;
+  typename Traits::TiledMmaPVShared mma_pv_shared;
+  auto thr_qk = mma_qk.get_slice(wg_thread);
+  auto thr_pv = mma_pv.get_slice(wg_thread);
+  auto thr_pv_shared = mma_pv_shared.get_slice(wg_thread);
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Traits::SmemLayoutQ{});
+  Tensor frag_q = thr_qk.partition_fragment_A(sQ);
+  Tensor frag_k = thr_qk.partition_fragment_B(make_tensor(make_smem_ptr(my_stage), typename Traits::SmemLayoutK{}));
+  auto v_half = [&](Element* stage) {
+    Tensor sV = make_tensor(make_smem_ptr(stage), typename Traits::SmemLayoutV{});
+    return local_tile(sV, Shape<Int<kHalf>, Int<kKeys>>{}, make_coord(kWarpgroup, 0));
+  };
+  Tensor frag_v_mine = thr_pv.partition_fragment_B(v_half(my_stage));
+  Tensor frag_v_other = thr_pv_shared.partition_fragment_B(v_half(kWarpgroup == 0 ? stage1 : stage0));
+  Tensor frag_p_other = thr_pv_shared.partition_fragment_A(make_tensor(
+      make_smem_ptr((kWarpgroup == 0 ? stage1 : stage0) + Traits::kRopeOffset), typename Traits::SmemLayoutP{}));
+
+  Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<Traits::kRows>, Int<kKeys>>{});
+  Tensor probs = make_tensor<Element>(acc_s.layout());
+  Tensor frag_p = make_tensor(probs.data(), acc_layout_as_a_operand(probs.layout()));
+  const int quad_lane = wg_thread % 4;
+  const int my_row = (wg_thread / 32) * 16 + (wg_thread % 32) / 4;  // and my_row + 8 (tests/layout_check.cu)
+  const int num_pairs = (seg.num_tiles + 1) / 2;
+
+  for (int pair = 0; pair < num_pairs; ++pair) {
+    const int global_pair = pairs_done + pair;
+    const int phase = global_pair & 1;
+    const int kv0 = seg.kv_begin + (2 * pair + kWarpgroup) * kKeys;
+    // Each stage's chunks in the order the gather refills them (gather.cuh).
+    if constexpr (kWarpgroup == 0) {
+      qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[0], phase, acc_s, ChunkGroup<0, 1, 2, 3>{}, ChunkGroup<4, 5, 6, 7, 8>{});
+    } else {
+      qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[1], phase, acc_s, ChunkGroup<0, 1, 2, 3, 8>{}, ChunkGroup<4, 5, 6, 7>{});
+    }
+
+    float tile_max[2], part_sum[2], safe_max[2], factor[2];
+    uint64_t visible[2];
+    if constexpr (kWarpgroup == 0) {
+      seg.mask.tile_bits(kv0, seg.row0, my_row, read_key_slots(st.key_slots[phase][0]), visible);
+      mask_and_row_max(acc_s, visible, seg.scale_log2, quad_lane, tile_max);
+      CUTE_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        const RowUpdate u = raise_row_max(st.row_max[my_row + 8 * j], tile_max[j]);
+        safe_max[j] = u.safe_max;
+        factor[j] = u.scale;
+        tile_max[j] = u.max;
+      }
+      __syncwarp();  // the quad's reads of row_max before its leader's write
+      if (quad_lane == 0) {
+        CUTE_UNROLL
+        for (int j = 0; j < 2; ++j) {
+          st.row_max[my_row + 8 * j] = tile_max[j];
+          st.scale0[my_row + 8 * j] = factor[j];
+        }
+      }
+      NamedBarrier::arrive(kThreads, kScale0Ready);
+      exponentiate(acc_s, probs, safe_max, part_sum);
+      // P0 under m0 for warpgroup 1 (which brings O_R to m0 first), stored before P0 V0_L so
+      // nothing reads P's registers while the GEMM that reads them is in flight.
+      const float unit[2] = {1.f, 1.f};
+      store_probs<Traits>(stage0, probs, unit, my_row, quad_lane);
+      NamedBarrier::arrive(kThreads, kP0Ready);
+      CUTE_UNROLL
+      for (int j = 0; j < 2; ++j) row_sum[j] = row_sum[j] * factor[j] + part_sum[j];
+      rescale_rows(acc_o, factor);
+      issue_warpgroup_gemm(mma_pv, frag_p, frag_v_mine, acc_o);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(frag_p);
+      warpgroup_fence_operand(acc_o);
+      Barrier::arrive(&st.chunk_empty[State::kStage0Low]);
+      NamedBarrier::sync(kThreads, kScale1Ready);
+      CUTE_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        factor[j] = st.scale1[my_row + 8 * j];
+        row_sum[j] *= factor[j];
+      }
+      rescale_rows(acc_o, factor);
+      NamedBarrier::sync(kThreads, kP1Ready);
+      issue_warpgroup_gemm(mma_pv_shared, frag_p_other, frag_v_other, acc_o);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_o);
+      Barrier::arrive(&st.chunk_empty[State::kStage1Low]);
+    } else {
+      seg.mask.tile_bits(kv0, seg.row0, my_row, read_key_slots(st.key_slots[phase][1]), visible);
+      mask_and_row_max(acc_s, visible, seg.scale_log2, quad_lane, tile_max);
+      NamedBarrier::sync(kThreads, kScale0Ready);
+      float scale0[2];
+      CUTE_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        scale0[j] = st.scale0[my_row + 8 * j];
+        const RowUpdate u = raise_row_max(st.row_max[my_row + 8 * j], tile_max[j]);
+        safe_max[j] = u.safe_max;
+        factor[j] = u.scale;
+        tile_max[j] = u.max;
+      }
+      __syncwarp();
+      if (quad_lane == 0) {
+        CUTE_UNROLL
+        for (int j = 0; j < 2; ++j) {
+          st.row_max[my_row + 8 * j] = tile_max[j];
+          st.scale1[my_row + 8 * j] = factor[j];
+        }
+      }
+      NamedBarrier::arrive(kThreads, kScale1Ready);
+      exponentiate(acc_s, probs, safe_max, part_sum);
+      const float unit[2] = {1.f, 1.f};
+      store_probs<Traits>(stage1, probs, unit, my_row, quad_lane);
+      NamedBarrier::arrive(kThreads, kP1Ready);
+      // O_R to m0 for P0 V0_R (P0 is under m0), then to m1 for P1 V1_R.
+      CUTE_UNROLL
+      for (int j = 0; j < 2; ++j) row_sum[j] = (row_sum[j] * scale0[j]) * factor[j] + part_sum[j];
+      rescale_rows(acc_o, scale0);
+      NamedBarrier::sync(kThreads, kP0Ready);
+      issue_warpgroup_gemm(mma_pv_shared, frag_p_other, frag_v_other, acc_o);
+      if (__any_sync(0xffffffff, factor[0] != 1.f || factor[1] != 1.f)) {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_o);
+        rescale_rows(acc_o, factor);
+      }
+      issue_warpgroup_gemm(mma_pv, frag_p, frag_v_mine, acc_o);
+      warpgroup_wait<1>();
+      Barrier::arrive(&st.chunk_empty[State::kStage0High]);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(frag_p);
+      warpgroup_fence_operand(acc_o);
+      Barrier::arrive(&st.chunk_empty[State::kStage1High]);
+    }
+  }
+}
+
+}  // namespace ddtree::sm90

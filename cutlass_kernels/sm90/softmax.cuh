@@ -1,0 +1,77 @@
+// Online softmax in base 2 on a 64 x 64 S accumulator (each thread: rows my_row and my_row + 8,
+// value 4 b + 2 j (+1) at row my_row + 8 j, column 8 b + 2 (lane % 4) (+1); tests/layout_check.cu).
+//
+// The two warpgroups take a pair's tiles in turn (the "seesaw"): warpgroup 0 raises the shared
+// row maximum with its tile (scale0 = exp2(m_old - m0)), warpgroup 1 then with its own
+// (scale1 = exp2(m0 - m1)); warpgroup 0 rescales what it holds by scale1 afterwards. So neither
+// waits for the other's maximum before its own exponentials, and one's softmax runs under the
+// other's GEMM.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+namespace ddtree::sm90 {
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffff, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffff, v, 1);
+  return v + __shfl_xor_sync(0xffffffff, v, 2);
+}
+
+// Scales S to base-2 logits, sets invisible columns to -inf, and returns each row's maximum.
+template <class AccS>
+__device__ __forceinline__ void mask_and_row_max(AccS& acc_s, const uint64_t (&visible)[2], float scale_log2,
+                                                 int quad_lane, float (&tile_max)[2]) {
+  tile_max[0] = tile_max[1] = -INFINITY;
+  CUTE_UNROLL
+  for (int i = 0; i < cute::size(acc_s); ++i) {
+    const int j = (i / 2) % 2, col = 8 * (i / 4) + 2 * quad_lane + i % 2;
+    const float s = (visible[j] >> col) & 1 ? acc_s(i) * scale_log2 : -INFINITY;
+    acc_s(i) = s;
+    tile_max[j] = fmaxf(tile_max[j], s);
+  }
+  CUTE_UNROLL
+  for (int j = 0; j < 2; ++j) tile_max[j] = quad_max(tile_max[j]);
+}
+
+// The new maximum of a row and the factor for what was accumulated under the old one. A row that
+// has seen nothing keeps -inf and exponentiates against 0, so its probabilities are exactly 0.
+struct RowUpdate {
+  float max, safe_max, scale;
+};
+__device__ __forceinline__ RowUpdate raise_row_max(float old_max, float tile_max) {
+  RowUpdate u;
+  u.max = fmaxf(old_max, tile_max);
+  u.safe_max = u.max == -INFINITY ? 0.f : u.max;
+  u.scale = exp2f(old_max - u.safe_max);
+  return u;
+}
+
+// acc_s(i) = exp2(acc_s(i) - safe_max of its row), probs = the same in the GEMM's type; returns
+// this thread's part of each row's sum.
+template <class AccS, class Probs>
+__device__ __forceinline__ void exponentiate(AccS& acc_s, Probs& probs, const float (&safe_max)[2], float (&part_sum)[2]) {
+  using Element = typename Probs::value_type;
+  part_sum[0] = part_sum[1] = 0.f;
+  CUTE_UNROLL
+  for (int i = 0; i < cute::size(acc_s); ++i) {
+    const int j = (i / 2) % 2;
+    const float e = exp2f(acc_s(i) - safe_max[j]);
+    acc_s(i) = e;
+    part_sum[j] += e;
+    probs(i) = Element(e);
+  }
+}
+
+// O (64 x 256 accumulator) times a per-row factor; skipped when no row of the warp changed.
+template <class AccO>
+__device__ __forceinline__ void rescale_rows(AccO& acc_o, const float (&factor)[2]) {
+  if (!__any_sync(0xffffffff, factor[0] != 1.f || factor[1] != 1.f)) return;
+  CUTE_UNROLL
+  for (int i = 0; i < cute::size(acc_o); ++i) acc_o(i) *= factor[(i / 2) % 2];
+}
+
+}  // namespace ddtree::sm90
