@@ -89,10 +89,19 @@ def decode_status(status: torch.Tensor) -> list[tuple[str, str, int]]:
     return [(name, argument, values[POSITIONS + k]) for k, (name, argument, _) in enumerate(FAULTS) if values[BITS] >> k & 1]
 
 
-def raise_on_status(status: torch.Tensor) -> None:
+def rename_arguments(message: str, names: dict[str, str] | None) -> str:
+    """`message` with "argument 'x'" naming names[x] instead (for a wrapper whose own arguments
+    are called otherwise, e.g. {"tree_mask": "custom_mask"})."""
+    for inner, outer in (names or {}).items():
+        message = message.replace(f"argument '{inner}'", f"argument '{outer}'")
+    return message
+
+
+def raise_on_status(status: torch.Tensor, names: dict[str, str] | None = None) -> None:
     """Raises the ValueError that `check_verify_inputs` (DDTREE_CHECK=1) raises for the first
     fault the status records; returns if the step was clean. Reads the tensor (a sync on CUDA):
-    call it after the step, outside any captured graph."""
+    call it after the step, outside any captured graph. `names` renames the arguments in the
+    message, for wrappers (see rename_arguments)."""
     check_status_tensor(status)
     values = status[:WORKSPACE].tolist()
     if values[BITS] == 0:
@@ -102,4 +111,4 @@ def raise_on_status(status: torch.Tensor) -> None:
         raise ValueError(f"ddtree_op: argument 'status' holds an unknown fault kind {kind} (bits {values[BITS]:#x})")
     others = [FAULTS[k][0] for k in range(NUM_FAULTS) if values[BITS] >> k & 1 and k != kind]
     suffix = f" (also: {', '.join(others)})" if others else ""
-    raise ValueError(fault_message(kind, values[POSITION], values[VALUE]) + suffix)
+    raise ValueError(rename_arguments(fault_message(kind, values[POSITION], values[VALUE]) + suffix, names))

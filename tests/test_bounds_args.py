@@ -121,3 +121,11 @@ def test_status_layout_agrees_with_the_cuda_header():
     assert [int(v) for _, v in names] == list(range(s.NUM_FAULTS)) + [s.NUM_FAULTS]
     camel = [n for n, _ in names][: s.NUM_FAULTS]
     assert [n.lower() for n in camel] == [name.replace("_", "") for name, _, _ in s.FAULTS]
+
+
+def test_raise_on_status_renames_arguments_for_wrappers():
+    status = ddtree_op.new_status()
+    kind = ddtree_op.status.KIND_INDEX["mask_range"]
+    status[0], status[1], status[2], status[3] = 1 << kind, kind, 1, 40
+    with pytest.raises(ValueError, match="argument 'custom_mask' has 40 entries"):
+        ddtree_op.raise_on_status(status, names={"tree_mask": "custom_mask"})
