@@ -25,7 +25,8 @@ namespace ddtree {
 //   [0] fault bits (1 << kind), 0 = the step was clean
 //   [1] the lowest kind whose bit is set (-1 if none)     [2] its first position   [3] the value there
 //   [4 + k] first position of kind k (-1 if none)
-//   [kAccum...] workspace of the launch, left zeroed by it (do not write)
+//   [kStatusAccum...] workspace of the launch, left zeroed by it (do not write). One launch at a
+//   time per status tensor: the last block to finish publishes and clears the workspace.
 constexpr int kStatusSize = 32;
 constexpr int kStatusBits = 0, kStatusKind = 1, kStatusPosition = 2, kStatusValue = 3, kStatusPositions = 4;
 constexpr int kStatusAccum = 16, kStatusAccumBits = 28, kStatusCounter = 31;

@@ -14,6 +14,8 @@ Layout (int32 [STATUS_SIZE]), rewritten by every call that is given it:
       there (saturated to int32)
   [4 + k] the first position of kind k, -1 if none
   [16:] workspace of the preparation launch: zeros between calls, never written by the caller.
+One call at a time per status tensor (calls on one stream, as a step's layers are, may share it:
+each rewrites it, and they all see the same index values).
 Positions index the argument the kind names (qo_indptr entries, kv_indices entries, requests...).
 The same layout is defined in cutlass_kernels/verify_status.cuh.
 """
