@@ -1,5 +1,5 @@
-// The paged batch in slot lists (paged_indices.cuh has the layout): two launches on the current
-// stream, no host reads, so it is capturable in CUDA graphs.
+// The paged batch in slot lists (paged_indices.cuh has the layout): one launch on the current
+// stream (two for batches above kSharedBatch), no host reads, so it is capturable in CUDA graphs.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -22,12 +22,33 @@ __global__ void __launch_bounds__(kScanThreads) scan_paged_lengths_kernel(PagedL
   scan_paged_lengths<kScanThreads>(args);
 }
 
-__global__ void __launch_bounds__(kThreads) paged_slots_kernel(PagedSlotArgs args) {
+__device__ __forceinline__ void write_paged_slots(const PagedSlotArgs& args) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t end = args.prefix_entries + args.num_rows;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end; i += stride) {
     write_paged_slot(args, i);
   }
+}
+
+// After scan_paged_lengths_kernel (batches above kSharedBatch): lengths from global memory.
+__global__ void __launch_bounds__(kThreads) paged_slots_kernel(PagedSlotArgs args) { write_paged_slots(args); }
+
+// Every block scans the lengths into shared memory (a few loads it would otherwise make from the
+// scan's output anyway) instead of waiting for a separate scan launch; block 0 also stores
+// kv_indptr, which the preparation reads.
+__global__ void __launch_bounds__(kThreads) paged_scan_and_slots_kernel(PagedLengthArgs lengths, PagedSlotArgs slots) {
+  __shared__ int32_t s_qo[kSharedBatch + 1], s_kv_indptr[kSharedBatch + 1];
+  PagedLengthArgs scan = lengths;
+  scan.qo = s_qo;
+  scan.kv_indptr = s_kv_indptr;
+  scan_paged_lengths<kThreads>(scan);  // ends with a block barrier
+  if (blockIdx.x == 0) {
+    for (int e = threadIdx.x; e <= lengths.batch; e += blockDim.x) lengths.kv_indptr[e] = s_kv_indptr[e];
+  }
+  PagedSlotArgs local = slots;
+  local.qo = s_qo;
+  local.kv_indptr = s_kv_indptr;
+  write_paged_slots(local);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> paged_slot_lists_cuda(const at::Tensor& block_table,
@@ -59,16 +80,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> paged_slot_lists_cuda(const at::T
 
   const PagedLengthArgs lengths{view_of(qo_indptr), view_of(cache_seqlens), batch, num_rows, capacity,
                                 qo.data_ptr<int32_t>(), kv_indptr.data_ptr<int32_t>()};
-  scan_paged_lengths_kernel<<<1, kScanThreads, 0, stream>>>(lengths);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-
   const PagedSlotArgs slots{view_of(block_table), block_table.stride(0), view_of(cache_seqlens), qo.data_ptr<int32_t>(),
                             kv_indptr.data_ptr<int32_t>(), batch, num_rows, page_size, num_pages, capacity, prefix_entries,
                             kv_indices.data_ptr<int32_t>(), out_cache_loc.data_ptr<int32_t>()};
   const int64_t entries = prefix_entries + num_rows;
   const int64_t blocks = std::max<int64_t>(1, std::min(kMaxSlotBlocks, (entries + kThreads - 1) / kThreads));
-  paged_slots_kernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(slots);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (batch <= kSharedBatch) {
+    paged_scan_and_slots_kernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(lengths, slots);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  } else {
+    scan_paged_lengths_kernel<<<1, kScanThreads, 0, stream>>>(lengths);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    paged_slots_kernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(slots);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   return {kv_indptr, kv_indices, out_cache_loc};
 }
 

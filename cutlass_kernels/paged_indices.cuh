@@ -4,8 +4,9 @@
 // kv_indices, out_cache_loc), which the ordinary preparation op then validates and sanitizes, so
 // both entry points follow one set of rules. ddtree_op/prep.py (paged_slot_lists) is the CPU
 // program these kernels are tested against; ddtree_op/paged.py's doc has the rules for bad page
-// ids and lengths. Two steps: a one-block scan of the per-request lengths, then the slots (a
-// thread per prefix position and per row).
+// ids and lengths. Each slot block scans the per-request lengths into shared memory itself
+// (batches of up to kSharedBatch requests: one launch), then writes slots, a thread per prefix
+// position and per row; larger batches scan once in a one-block launch first.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -13,12 +14,14 @@
 
 #include "index_view.cuh"
 
+constexpr int kSharedBatch = 1024;
+
 struct PagedLengthArgs {
   IndexView qo_indptr, cache_seqlens;
   int batch;
   int64_t num_rows;        // T_pad: the draft-row indptr is clamped into [0, num_rows]
   int64_t capacity;        // positions one block-table row holds: max_pages * page_size
-  int32_t* qo;             // [B+1] running max of the clamped qo_indptr (monotone)
+  int32_t* qo;             // [B+1] running max of the clamped qo_indptr (monotone); global or shared
   int32_t* kv_indptr;      // [B+1] cumulative prefix lengths (0 for a request that does not fit)
 };
 

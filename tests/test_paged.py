@@ -268,6 +268,22 @@ def test_cuda_prep_matches_cpu(case, layout):
 
 
 @needs_cuda
+@pytest.mark.parametrize("batch", [1024, 1025, 3000])  # the one-launch path (<= 1024 requests) and the scan launch first
+def test_cuda_prep_large_batches_match_cpu(batch):
+    prefix = [(7 * b) % 40 for b in range(batch)]
+    drafts = [1 + b % 3 for b in range(batch)]
+    pb = make_paged_batch(prefix, drafts, 1, page_size=16, layout="packed", pad_rows=5, seed=batch)
+    pb.block_table[batch // 2, 0] = -1
+    pb.cache_seqlens[batch - 1] = 0
+    want = _prepare(pb)
+    args = [t.cuda() for t in (pb.block_table, pb.cache_seqlens, pb.qo_indptr, pb.tree_mask)]
+    got = prepare_paged(*args, None, "packed", 16, pb.kv_cache.shape[0], pb.q.shape[0], 1)
+    end = int(want[0][-1])
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1][:end].cpu(), want[1][:end])
+    assert torch.equal(got[2].cpu(), want[2]) and torch.equal(got[3].cpu(), want[3])
+
+
+@needs_cuda
 def test_cuda_prep_bad_pages_and_lengths_match_cpu():
     for seqlen in (3, 10_000, 25):
         pb = make_paged_batch([100, 30, 7], [6, 4, 2], 1, page_size=16, seed=5, pad_rows=2)
