@@ -72,7 +72,7 @@ def _prepare_verify_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_m
 
 
 def _paged_slot_lists_cuda(block_table, cache_seqlens, qo_indptr, page_size, num_pages, num_rows):
-    # A one-block scan of the lengths, then a thread per slot (cutlass_kernels/paged_indices.cu).
+    # One launch: each block scans the lengths into shared memory, then writes slots (cutlass_kernels/paged_indices.cu).
     build.load_cuda_library()
     table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
     return torch.ops.ddtree_cuda.paged_slot_lists(table, cache_seqlens.contiguous(), qo_indptr.contiguous(), page_size,
