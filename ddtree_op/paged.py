@@ -22,8 +22,8 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .api import attend, mask_words_per_row
-from .checks import INDEX_DTYPES, INDEX_LIMIT, _fail, check_kv_scale, check_verify_shapes
+from .api import _eager_checks_enabled, attend, mask_words_per_row
+from .checks import INDEX_DTYPES, INDEX_LIMIT, _fail, check_kv_scale, check_verify_inputs, check_verify_shapes
 from .contract import QK_DIM
 
 
@@ -78,6 +78,43 @@ def _check_paged_shapes(q, kv_cache, block_table, cache_seqlens, qo_indptr):
     return pages.flatten(0, 1)  # a view: the strides were checked above
 
 
+def check_paged_inputs(q, kv_cache, *, block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr=None, sm_scale,
+                       mask_layout="full", out=None, lse=None, kv_scale=None, max_draft_len=None) -> None:
+    """Every check of `mla_tree_verify_paged`, including those that read index values (a host
+    sync; eager debugging and tests): lengths that fit their table rows and drafts, page ids in
+    range, then `check_verify_inputs` on the slot lists of the batch (qo_indptr, the mask)."""
+    rows = _check_paged_shapes(q, kv_cache, block_table, cache_seqlens, qo_indptr)
+    check_verify_shapes(q, rows, qo_indptr, qo_indptr, qo_indptr, qo_indptr, tree_mask, mask_indptr, sm_scale, mask_layout,
+                        out, lse, max_draft_len)
+    check_kv_scale(kv_cache, kv_scale, q.device)
+    batch = qo_indptr.numel() - 1
+    page_size, num_pages = kv_cache.shape[1], kv_cache.shape[0]
+    table = block_table[:batch].long().cpu()
+    qo = qo_indptr.long().cpu()
+    num_draft = qo[1:] - qo[:-1]
+    seqlen = cache_seqlens[:batch].long().cpu()
+    capacity = table.shape[1] * page_size
+    for b in range(batch):  # requests with a negative draft count: check_verify_inputs names qo_indptr
+        length, n = int(seqlen[b]), int(num_draft[b])
+        if n >= 0 and length < n:
+            raise ValueError(f"ddtree_op: argument 'cache_seqlens' must count each request's drafts too (prefix + drafts), "
+                             f"got cache_seqlens[{b}] = {length} below its {n} draft rows")
+        if length > capacity:
+            raise ValueError(f"ddtree_op: argument 'block_table' has {table.shape[1]} columns of {page_size}-row pages, "
+                             f"but cache_seqlens[{b}] = {length} needs {-(-length // page_size)}")
+    used = torch.arange(table.shape[1])[None, :] * page_size < seqlen[:, None]
+    bad = used & ((table < 0) | (table >= num_pages))
+    if bool(bad.any()):
+        b, j = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"ddtree_op: argument 'block_table' holds page ids outside [0, {num_pages}) (the pages of "
+                         f"kv_cache): block_table[{b}, {j}] = {int(table[b, j])}")
+    kv_indptr, kv_indices, out_cache_loc = ops.paged_slot_lists(block_table, cache_seqlens, qo_indptr, page_size, num_pages,
+                                                                q.shape[0])
+    check_verify_inputs(q, rows, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, out_cache_loc=out_cache_loc,
+                        tree_mask=tree_mask, mask_indptr=mask_indptr, sm_scale=sm_scale, mask_layout=mask_layout, out=out,
+                        lse=lse, max_draft_len=max_draft_len)
+
+
 def mla_tree_verify_paged(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -114,7 +151,8 @@ def mla_tree_verify_paged(
     key; a request with cache_seqlens[b] < n_b, or more positions than its table row holds, sees
     nothing (out 0, lse -inf). `status` records faults as for `mla_tree_verify`; here the slot
     kinds ('kv_slot', 'draft_slot') mean a page id out of range or a length that does not fit,
-    and their positions index the internal slot lists, not block_table.
+    and their positions index the internal slot lists, not block_table. With DDTREE_CHECK=1,
+    eager calls first run `check_paged_inputs` (errors naming block_table and cache_seqlens).
     """
     rows = _check_paged_shapes(q, kv_cache, block_table, cache_seqlens, qo_indptr)
     # Every other argument is checked as `mla_tree_verify` checks it, with qo_indptr standing in
@@ -122,6 +160,10 @@ def mla_tree_verify_paged(
     check_verify_shapes(q, rows, qo_indptr, qo_indptr, qo_indptr, qo_indptr, tree_mask, mask_indptr, sm_scale, mask_layout,
                         out, lse, max_draft_len, status)
     check_kv_scale(kv_cache, kv_scale, q.device)
+    if _eager_checks_enabled():
+        check_paged_inputs(q, kv_cache, block_table=block_table, cache_seqlens=cache_seqlens, qo_indptr=qo_indptr,
+                           tree_mask=tree_mask, mask_indptr=mask_indptr, sm_scale=sm_scale, mask_layout=mask_layout, out=out,
+                           lse=lse, kv_scale=kv_scale, max_draft_len=max_draft_len)
     num_rows = q.shape[0]
     words = mask_words_per_row(tree_mask, mask_layout, num_rows, max_draft_len)
     verify_indptr, verify_indices, mask_words, qo_sanitized = prepare_paged(

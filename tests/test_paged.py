@@ -166,6 +166,27 @@ def test_request_whose_length_does_not_fit_sees_nothing(seqlen):
     assert_close_to(out, lse, want_out, want_lse)
 
 
+@pytest.mark.parametrize("change,message", [
+    (lambda pb: pb.block_table.__setitem__((1, 0), -1), r"block_table\[1, 0\] = -1"),
+    (lambda pb: pb.block_table.__setitem__((0, 1), 99), r"block_table\[0, 1\] = 99"),
+    (lambda pb: pb.cache_seqlens.__setitem__(1, 3), r"cache_seqlens\[1\] = 3"),
+    (lambda pb: pb.cache_seqlens.__setitem__(0, 10_000), r"cache_seqlens\[0\] = 10000"),
+    (lambda pb: pb.qo_indptr.__setitem__(1, 10), "qo_indptr"),
+    (lambda pb: pb.mask_indptr.__setitem__(1, 10_000), "mask_indptr"),
+])
+def test_check_paged_inputs_names_the_bad_value(change, message, monkeypatch):
+    from ddtree_op.paged import check_paged_inputs
+
+    pb = make_paged_batch([20, 30], [5, 4], 2, page_size=16, extra_columns=0, pad_rows=2)
+    check_paged_inputs(pb.q, pb.kv_cache, **pb.kwargs())
+    change(pb)
+    with pytest.raises(ValueError, match=message):
+        check_paged_inputs(pb.q, pb.kv_cache, **pb.kwargs())
+    monkeypatch.setattr("ddtree_op.paged._eager_checks_enabled", lambda: True)  # what DDTREE_CHECK=1 does
+    with pytest.raises(ValueError, match=message):
+        mla_tree_verify_paged(pb.q, pb.kv_cache, **pb.kwargs())
+
+
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_table_rows_past_the_batch_and_out_buffers(index_dtype):
     pb = make_paged_batch([33, 64], [4, 8], 3, page_size=64, table_rows=7, pad_rows=3, seed=4)
