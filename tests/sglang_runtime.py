@@ -67,7 +67,11 @@ _SETUP = {}
 
 def sglang_skip_reason() -> str | None:
     """Why the SGLang tests cannot run here, or None."""
-    if importlib.util.find_spec("sglang") is None:
+    try:
+        found = importlib.util.find_spec("sglang") is not None
+    except ValueError:  # a stand-in module without a spec (tests/test_sglang_gpu.py on a GPU machine)
+        found = False
+    if not found:
         return "sglang is not installed (CI: pip install --no-deps sglang==%s -r tests/requirements-sglang.txt)" % SGLANG_VERSION
     try:
         setup_cpu()
@@ -294,3 +298,55 @@ def reference_verify(rt: Runtime, step: VerifyStep, layer_id: int, sm_scale: flo
             s = s.masked_fill(~vis, float("-inf"))
             out[b * n : (b + 1) * n, h] = torch.softmax(s, -1) @ kv[:, :512]
     return out
+
+
+# ---- The metadata fixture for the GPU test (tests/test_sglang_gpu.py runs where sglang is absent) ----
+
+FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "sglang_verify_metadata.pt")
+FIXTURE_CASE = dict(topk=4, steps=3, num_draft=8, heads=4, graph_bs=4, context_len=256, pool_tokens=2048)
+FIXTURE_EAGER = [[37, 5, 120], [200, 1, 64, 17]]
+FIXTURE_REPLAYS = [[64, 9, 30], [3, 100]]
+
+
+def _meta_record(meta, step) -> dict:
+    used = int(meta.kv_indptr[-1])
+    return dict(
+        qo_indptr=meta.qo_indptr.clone(), kv_indptr=meta.kv_indptr.clone(), kv_indices=meta.kv_indices[:used].clone(),
+        kv_indices_numel=meta.kv_indices.numel(), custom_mask=meta.custom_mask.clone(), mask_indptr=meta.mask_indptr.clone(),
+        max_extend_len=meta.max_extend_len, out_cache_loc=step.forward_batch.out_cache_loc.clone(), real_bs=step.real_bs,
+        prefix_lens=[s.numel() for s in step.prefix_slots],
+    )
+
+
+def build_fixture() -> dict:
+    """SGLang's TARGET_VERIFY metadata, eager and CUDA-graph (capture, then two padded replays)."""
+    setup_cpu()
+    from ddtree_op.integrations.sglang import DDTreeTritonAttnBackend
+
+    c = FIXTURE_CASE
+    out = dict(case=dict(c), sglang=SGLANG_VERSION, eager=[], replays=[])
+    with spec_config(c["topk"], c["steps"], c["num_draft"]):
+        rt = make_runtime(c["num_draft"], heads=c["heads"], pool_tokens=c["pool_tokens"], context_len=c["context_len"])
+        out["pool_rows"] = rt.kv_pool.get_key_buffer(0).shape[0]
+        backend = DDTreeTritonAttnBackend(rt.runner)
+        for seed, prefixes in enumerate(FIXTURE_EAGER):
+            step = verify_step(rt, prefixes, c["topk"], c["steps"], c["num_draft"], seed=10 + seed, layer_ids=())
+            backend.init_forward_metadata(step.forward_batch)
+            out["eager"].append(_meta_record(backend.forward_metadata, step))
+        backend.init_cuda_graph_state(max_bs=c["graph_bs"], max_num_tokens=c["graph_bs"] * c["num_draft"])
+        capture = verify_step(rt, [1] * c["graph_bs"], c["topk"], c["steps"], c["num_draft"], seed=20, layer_ids=())
+        backend.init_forward_metadata_out_graph(capture.forward_batch, in_capture=True)
+        out["capture"] = _meta_record(backend.forward_metadata, capture)
+        for seed, prefixes in enumerate(FIXTURE_REPLAYS):
+            step = verify_step(rt, prefixes, c["topk"], c["steps"], c["num_draft"], seed=30 + seed,
+                               pad_to=c["graph_bs"], layer_ids=())
+            backend.init_forward_metadata_out_graph(step.forward_batch, in_capture=False)
+            out["replays"].append(_meta_record(backend.forward_metadata, step))
+    return out
+
+
+if __name__ == "__main__":  # python tests/sglang_runtime.py: rewrites the fixture
+    data = build_fixture()
+    os.makedirs(os.path.dirname(FIXTURE), exist_ok=True)
+    torch.save(data, FIXTURE)
+    print(f"wrote {FIXTURE} ({os.path.getsize(FIXTURE)} bytes)")

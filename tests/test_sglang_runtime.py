@@ -167,3 +167,17 @@ def test_readme_recipe_registers_the_backend():
         ddtree_sglang.uninstall()
     assert "ddtree" not in attention_registry.ATTENTION_BACKENDS
     assert attention_registry.ATTENTION_BACKENDS["triton"] is attention_registry.create_triton_backend
+
+
+def test_gpu_fixture_is_what_sglang_produces():
+    """tests/data/sglang_verify_metadata.pt (read by the GPU test, where sglang is absent) is this
+    SGLang's metadata; regenerate with `python tests/sglang_runtime.py` after an upgrade."""
+    saved, now = torch.load(sr.FIXTURE, weights_only=False), sr.build_fixture()
+    assert saved["sglang"] == now["sglang"] and saved["case"] == now["case"] and saved["pool_rows"] == now["pool_rows"]
+    for a, b in zip(saved["eager"] + [saved["capture"]] + saved["replays"], now["eager"] + [now["capture"]] + now["replays"]):
+        assert a.keys() == b.keys()
+        for key in a:
+            if torch.is_tensor(a[key]):
+                assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+            else:
+                assert a[key] == b[key], key
