@@ -73,6 +73,11 @@ def sglang_skip_reason() -> str | None:
         found = False
     if not found:
         return "sglang is not installed (CI: pip install --no-deps sglang==%s -r tests/requirements-sglang.txt)" % SGLANG_VERSION
+    if not _SETUP.get("done") and "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        # Triton's own @triton.jit helpers (tl.cdiv...) are compiled-mode objects once triton is
+        # imported without the interpreter, and SGLang's kernels then fail inside it.
+        return ("triton was imported before TRITON_INTERPRET=1 could be set: run the SGLang tests in their own process, "
+                "python -m pytest tests/test_sglang_runtime.py tests/test_sglang_model.py (CI does)")
     try:
         setup_cpu()
     except Exception as exc:  # an import failure names the missing dependency

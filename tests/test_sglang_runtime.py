@@ -181,3 +181,17 @@ def test_gpu_fixture_is_what_sglang_produces():
                 assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
             else:
                 assert a[key] == b[key], key
+
+
+def test_bench_sglang_triton_extend_matches_reference_fp16():
+    from bench.sglang_triton_extend import available, make_sglang_triton_extend
+    from conftest import brute_force_verify
+    from ddtree_op.synthetic import make_verify_batch
+
+    assert available() == (True, sr.SGLANG_VERSION)
+    vb = make_verify_batch([37, 5, 60], [8, 8, 8], 2, dtype=torch.float16, seed=3)
+    out = torch.full((vb.q.shape[0], 2, 512), float("nan"), dtype=torch.float16)
+    make_sglang_triton_extend(vb.q, vb.kv_cache, vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
+                              vb.mask_indptr, vb.sm_scale, 8, out)()
+    want, _ = brute_force_verify(vb)
+    assert rel_err(out, want) < 2e-3
