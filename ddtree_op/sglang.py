@@ -12,7 +12,8 @@ ForwardMode.TARGET_VERIFY and returns the output in SGLang's layout, without cop
   preallocated for the largest batch and context), mask_indptr int64, out_cache_loc int64;
 - padded CUDA-graph batches (dummy requests with prefix length 1) need nothing special.
 
-`sglang` itself is not imported: the README shows a backend subclass that calls this.
+`sglang` itself is not imported here: `ddtree_op.integrations.sglang` is the backend subclass that
+calls this from SGLang's `TritonAttnBackend.forward_extend`.
 """
 
 from __future__ import annotations
