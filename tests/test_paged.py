@@ -289,6 +289,8 @@ def test_cuda_prep_matches_cpu(case, layout):
 
 
 @needs_cuda
+@pytest.mark.skip(reason="a 1024-request batch stopped the H200 with an illegal instruction in the CUDA preparation "
+                         "(2026-12-01); the entry points refuse batches above contract.CUDA_MAX_BATCH until it is found")
 @pytest.mark.parametrize("batch", [1024, 1025, 3000])  # the one-launch path (<= 1024 requests) and the scan launch first
 def test_cuda_prep_large_batches_match_cpu(batch):
     prefix = [(7 * b) % 40 for b in range(batch)]
@@ -430,3 +432,13 @@ def test_graph_replay_with_new_tables_lengths_trees_and_scale(backend, kv_dtype)
         assert not torch.isnan(out).any()
         assert relative_error(out, ref_out) < 2e-2
         assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+
+
+def test_cuda_batches_above_the_validated_size_are_refused():
+    from ddtree_op.checks import check_cuda_batch
+    from ddtree_op.contract import CUDA_MAX_BATCH
+
+    check_cuda_batch(CUDA_MAX_BATCH, torch.device("cuda"))  # shape-only: no GPU needed
+    check_cuda_batch(CUDA_MAX_BATCH + 1, torch.device("cpu"))
+    with pytest.raises(ValueError, match="qo_indptr"):
+        check_cuda_batch(CUDA_MAX_BATCH + 1, torch.device("cuda"))
