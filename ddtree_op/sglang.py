@@ -22,6 +22,11 @@ import torch
 
 from ddtree_op import mla_tree_verify
 from ddtree_op.contract import LATENT_DIM, QK_DIM
+from ddtree_op.status import rename_arguments
+
+
+# This adapter's names of the arguments that mla_tree_verify's errors (and the status) name.
+ARGUMENT_NAMES = {"tree_mask": "custom_mask", "max_draft_len": "num_draft_tokens", "kv_cache": "k_buffer", "out": "o"}
 
 
 def _check_same_rows(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> None:
@@ -66,13 +71,20 @@ def target_verify_forward(
     v_buffer: torch.Tensor | None = None,
     o: torch.Tensor | None = None,
     backend: str = "auto",
+    status: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Tree-masked MLA verify attention on SGLang's buffers; returns o `[T, H * 512]`.
+
+    `status` (optional, `ddtree_op.new_status()`) records bad index values on the device, as for
+    `mla_tree_verify`; `ddtree_op.raise_on_status(status, names=ARGUMENT_NAMES)` names this
+    function's arguments. Errors raised here name them too (custom_mask, num_draft_tokens, k_buffer).
 
     `num_draft_tokens` (SGLang's `speculative_num_draft_tokens`, static) bounds the drafts per
     request and keeps the compact mask small. `o`, when given, is written in place (SGLang's
     `[T, H * 512]` output buffer, contiguous).
     """
+    if q.dim() not in (2, 3) or (q.dim() == 2 and q.shape[-1] % QK_DIM):
+        raise ValueError(f"ddtree_op: argument 'q' must be [T, H*{QK_DIM}] or [T, H, {QK_DIM}], got shape {tuple(q.shape)}")
     if q.dim() == 2:
         if q.shape[-1] % QK_DIM:
             raise ValueError(f"ddtree_op: argument 'q' must be [T, H*{QK_DIM}] or [T, H, {QK_DIM}], got shape {tuple(q.shape)}")
@@ -85,6 +97,19 @@ def target_verify_forward(
     elif tuple(o.shape) != (tokens, heads * LATENT_DIM) or not o.is_contiguous() or o.dtype != q.dtype:
         raise ValueError(f"ddtree_op: argument 'o' must be a contiguous {q.dtype} tensor of shape {(tokens, heads * LATENT_DIM)}, "
                          f"got {o.dtype} {tuple(o.shape)}")
+    try:
+        _verify(q, k_buffer, qo_indptr, kv_indptr, kv_indices, out_cache_loc, custom_mask, mask_indptr, sm_scale, o, tokens,
+                heads, num_draft_tokens, backend, status)
+    except (ValueError, RuntimeError) as error:
+        renamed = rename_arguments(str(error), ARGUMENT_NAMES)
+        if renamed == str(error):
+            raise
+        raise type(error)(renamed) from None
+    return o
+
+
+def _verify(q, k_buffer, qo_indptr, kv_indptr, kv_indices, out_cache_loc, custom_mask, mask_indptr, sm_scale, o, tokens, heads,
+            num_draft_tokens, backend, status):
     mla_tree_verify(
         q,
         k_buffer,
@@ -99,5 +124,5 @@ def target_verify_forward(
         out=o.view(tokens, heads, LATENT_DIM),
         max_draft_len=num_draft_tokens,
         backend=backend,
+        status=status,
     )
-    return o

@@ -129,3 +129,42 @@ def test_raise_on_status_renames_arguments_for_wrappers():
     status[0], status[1], status[2], status[3] = 1 << kind, kind, 1, 40
     with pytest.raises(ValueError, match="argument 'custom_mask' has 40 entries"):
         ddtree_op.raise_on_status(status, names={"tree_mask": "custom_mask"})
+
+
+def _sglang_call(**overrides):
+    from sglang_metadata import build_target_verify
+
+    inp = build_target_verify([37, 5], 4, heads=2)
+    kw = dict(qo_indptr=inp.qo_indptr, kv_indptr=inp.kv_indptr, kv_indices=inp.kv_indices, custom_mask=inp.custom_mask,
+              mask_indptr=inp.mask_indptr, out_cache_loc=inp.out_cache_loc, sm_scale=inp.sm_scale, num_draft_tokens=4)
+    q = overrides.pop("q", inp.q)
+    k_buffer = overrides.pop("k_buffer", inp.k_buffer)
+    kw.update(overrides)
+    return inp, q, k_buffer, kw
+
+
+@pytest.mark.parametrize("argument,override", [
+    ("custom_mask", lambda inp: dict(custom_mask=inp.custom_mask.float())),
+    ("num_draft_tokens", lambda inp: dict(num_draft_tokens=0)),
+    ("k_buffer", lambda inp: dict(k_buffer=inp.k_buffer.half())),
+    ("q", lambda inp: dict(q=inp.q.reshape(-1))),
+])
+def test_sglang_adapter_errors_name_its_own_arguments(argument, override):
+    from ddtree_op.sglang import target_verify_forward
+
+    inp, _, _, _ = _sglang_call()
+    _, q, k_buffer, kw = _sglang_call(**override(inp))
+    with pytest.raises(ValueError, match=f"argument '{argument}'"):
+        target_verify_forward(q, k_buffer, **kw)
+
+
+def test_sglang_adapter_passes_the_status_through():
+    from ddtree_op.sglang import ARGUMENT_NAMES, target_verify_forward
+
+    inp, q, k_buffer, kw = _sglang_call()
+    status = ddtree_op.new_status()
+    target_verify_forward(q, k_buffer, **dict(kw, custom_mask=inp.custom_mask[:10]), status=status)
+    with pytest.raises(ValueError, match="argument 'custom_mask' has 10 entries"):
+        ddtree_op.raise_on_status(status, names=ARGUMENT_NAMES)
+    target_verify_forward(q, k_buffer, **kw, status=status)
+    ddtree_op.raise_on_status(status)
