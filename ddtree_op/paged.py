@@ -23,7 +23,7 @@ import torch
 
 from . import ops
 from .api import _eager_checks_enabled, attend, mask_words_per_row
-from .checks import INDEX_DTYPES, INDEX_LIMIT, _fail, check_cuda_batch, check_kv_scale, check_verify_inputs, check_verify_shapes
+from .checks import INDEX_DTYPES, INDEX_LIMIT, _fail, check_kv_scale, check_verify_inputs, check_verify_shapes
 from .contract import QK_DIM
 
 
@@ -69,7 +69,6 @@ def _check_paged_shapes(q, kv_cache, block_table, cache_seqlens, qo_indptr):
         if t.device != dev:
             _fail(name, f"on {dev} (the device of q)", str(t.device))
     batch = qo_indptr.numel() - 1 if isinstance(qo_indptr, torch.Tensor) else 0
-    check_cuda_batch(batch, dev)
     if block_table.dim() != 2 or block_table.shape[0] < batch:
         _fail("block_table", f"[>= B, max_pages] with B = {batch} (from qo_indptr)", f"shape {tuple(block_table.shape)}")
     if cache_seqlens.dim() != 1 or cache_seqlens.shape[0] < batch:
