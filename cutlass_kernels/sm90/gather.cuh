@@ -1,5 +1,6 @@
-// The gather warpgroup: scattered 576-wide KV rows and the q tile into 128-byte-swizzled shared
-// memory with 16-byte cp.async, while the two GEMM warpgroups compute. Each 64-column chunk of
+// The gather: scattered 576-wide KV rows (by the gather warpgroup, while the two GEMM warpgroups
+// compute) and the q tile (by the GEMM warpgroups, at a segment's start) into 128-byte-swizzled
+// shared memory with 16-byte cp.async. Each 64-column chunk of
 // a KV tile completes on its own mbarrier (so Q K^T starts on the first chunk while the others
 // are in flight), and each part of a stage is refilled as soon as its last reader releases it.
 #pragma once
