@@ -1,9 +1,13 @@
-// The gather: scattered 576-wide KV rows (by the gather warpgroup, while the two GEMM warpgroups
-// compute) and the q tile (by the GEMM warpgroups, at a segment's start) into 128-byte-swizzled
-// shared memory with 16-byte cp.async. Each 64-column chunk of
-// a KV tile completes on its own mbarrier (so Q K^T starts on the first chunk while the others
-// are in flight), and each part of a stage is refilled as soon as its last reader releases it.
+// The gather: 576-wide KV rows (by the gather warpgroup, while the two GEMM warpgroups compute)
+// and the q tile (by the GEMM warpgroups, at a segment's start) into 128-byte-swizzled shared
+// memory. A tile whose 64 keys have consecutive slots (a page of a paged cache, or a run of
+// slots) is loaded by one thread as nine TMA boxes; any other tile by 16-byte cp.async from all
+// 128 threads. Each 64-column chunk of a KV tile completes on its own mbarrier (so Q K^T starts
+// on the first chunk while the others are in flight), and each part of a stage is refilled as
+// soon as its last reader releases it.
 #pragma once
+
+#include <cuda.h>  // CUtensorMap
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -16,6 +20,43 @@ namespace ddtree::sm90 {
 __device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void* gmem_src, bool valid) {
   const int src_size = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(src_size));
+}
+
+// A 64-row x 64-column box of the pool (the tensor map's box, 128-byte swizzle: the cp.async
+// layout) into shared memory, its bytes counted on `mbar`.
+__device__ __forceinline__ void tma_load_box(const CUtensorMap* map, uint32_t smem_dst, uint64_t* mbar, int col, int row) {
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+                   smem_dst),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar)
+               : "memory");
+}
+
+// Announces `bytes` of TMA data, then `count` arrivals at once (the 128 gather threads' share).
+__device__ __forceinline__ void expect_bytes(uint64_t* mbar, uint32_t bytes) {
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
+  asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void arrive_many(uint64_t* mbar, uint32_t count) {
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// The gather warpgroup's own hardware barrier (CUTLASS's named barriers start at 8; the GEMM
+// warpgroups use 8-12).
+constexpr int kGatherBarrier = 15;
+
+// True in all 128 gather threads when every thread's key has slot first + row (so the tile is
+// rows [first, first + 64) of the pool); one barrier reduction.
+__device__ __forceinline__ bool all_consecutive(int slot, int first, int row) {
+  const int mine = first >= 0 && slot == first + row;
+  int all;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.b32 p, %1, 0;\n bar.red.and.pred q, %2, 128, p;\n selp.b32 %0, 1, 0, q;\n}\n"
+      : "=r"(all)
+      : "r"(mine), "n"(kGatherBarrier)
+      : "memory");
+  return all != 0;
 }
 
 // The q tile by the 256 GEMM threads (4 per row), while the gather warpgroup starts on the keys.
@@ -81,6 +122,31 @@ struct GatherThread {
       if (chunk_full != nullptr) cutlass::arch::cpasync_barrier_arrive_noinc(&chunk_full[c]);
     }
   }
+
+  // The same chunks of a consecutive tile (rows [first, first + 64)) as TMA boxes, issued by
+  // gather thread 0 for the whole warpgroup: its arrival counts for all 128 threads.
+  template <int kFirst, int kLast>
+  __device__ __forceinline__ void load_boxes(uint32_t tile, const CUtensorMap* map, int first, uint64_t* chunk_full,
+                                             int wg_thread) const {
+    if (wg_thread != 0) return;
+    CUTE_UNROLL
+    for (int c = kFirst; c < kLast; ++c) {
+      expect_bytes(&chunk_full[c], kChunkBytes);
+      tma_load_box(map, tile + c * kChunkBytes, &chunk_full[c], c * Traits::kChunkCols, first);
+      arrive_many(&chunk_full[c], 128);
+    }
+  }
+
+  // Chunks [kFirst, kLast) of a tile either way.
+  template <int kFirst, int kLast>
+  __device__ __forceinline__ void load(uint32_t tile, const Element* src, bool valid, const CUtensorMap* map, int first,
+                                       bool boxes, uint64_t* chunk_full, int wg_thread) const {
+    if (boxes) {
+      load_boxes<kFirst, kLast>(tile, map, first, chunk_full, wg_thread);
+    } else {
+      copy<kFirst, kLast>(tile, src, valid, chunk_full);
+    }
+  }
 };
 
 // What the gather needs of a segment.
@@ -89,6 +155,7 @@ struct GatherPlan {
   const typename Traits::Element* kv;
   int64_t kv_stride;
   const int32_t* slots;  // verify_indices of the request's first key
+  const CUtensorMap* kv_map;  // the pool as 64 x 64 boxes, or nullptr: cp.async only
   int kv_begin, kv_end, num_tiles;
 
   __device__ __forceinline__ int slot_of(int tile, int row) const {  // -1 past the range
@@ -113,30 +180,35 @@ __device__ __forceinline__ void gather_segment(const GatherPlan<Traits>& plan, u
 
   const int num_pairs = (plan.num_tiles + 1) / 2;
   int slot[2] = {plan.slot_of(0, g.row), plan.slot_of(1, g.row)};
+  int first[2] = {plan.slot_of(0, 0), plan.slot_of(1, 0)};
   for (int pair = 0; pair < num_pairs; ++pair) {
     const int global_pair = pairs_done + pair;
     const int released = (global_pair - 1) & 1;  // the phase in which the previous pair was released
     const bool wait = pair > 0;
     const Element* src0 = plan.kv + int64_t(slot[0] < 0 ? 0 : slot[0]) * plan.kv_stride;
     const Element* src1 = plan.kv + int64_t(slot[1] < 0 ? 0 : slot[1]) * plan.kv_stride;
+    const bool boxes0 = plan.kv_map != nullptr && all_consecutive(slot[0], first[0], g.row);
+    const bool boxes1 = plan.kv_map != nullptr && all_consecutive(slot[1], first[1], g.row);
 
     if (wait) Barrier::wait(&st.chunk_empty[State::kStage0Low], released);
     publish_key_slots(slot[0], wg_thread, st.key_slots[global_pair & 1][0]);
-    g.template copy<0, 4>(stage0, src0, slot[0] >= 0, st.chunk_full[0]);
+    g.template load<0, 4>(stage0, src0, slot[0] >= 0, plan.kv_map, first[0], boxes0, st.chunk_full[0], wg_thread);
     if (warp_leader) Barrier::arrive(&st.chunk_full[0][0]);  // after this warp's key bits
     if (wait) Barrier::wait(&st.chunk_empty[State::kStage0High], released);
-    g.template copy<4, 9>(stage0, src0, slot[0] >= 0, st.chunk_full[0]);
+    g.template load<4, 9>(stage0, src0, slot[0] >= 0, plan.kv_map, first[0], boxes0, st.chunk_full[0], wg_thread);
 
     if (wait) Barrier::wait(&st.chunk_empty[State::kStage1Low], released);
     publish_key_slots(slot[1], wg_thread, st.key_slots[global_pair & 1][1]);
-    g.template copy<0, 4>(stage1, src1, slot[1] >= 0, st.chunk_full[1]);
-    g.template copy<8, 9>(stage1, src1, slot[1] >= 0, st.chunk_full[1]);
+    g.template load<0, 4>(stage1, src1, slot[1] >= 0, plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
+    g.template load<8, 9>(stage1, src1, slot[1] >= 0, plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
     if (warp_leader) Barrier::arrive(&st.chunk_full[1][0]);
     if (wait) Barrier::wait(&st.chunk_empty[State::kStage1High], released);
-    g.template copy<4, 8>(stage1, src1, slot[1] >= 0, st.chunk_full[1]);
+    g.template load<4, 8>(stage1, src1, slot[1] >= 0, plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
 
     slot[0] = plan.slot_of(2 * pair + 2, g.row);  // the next pair's slots, loaded while this one lands
     slot[1] = plan.slot_of(2 * pair + 3, g.row);
+    first[0] = plan.slot_of(2 * pair + 2, 0);
+    first[1] = plan.slot_of(2 * pair + 3, 0);
   }
 }
 
