@@ -58,3 +58,81 @@ def test_prepare_verify_cuda_matches_cpu(layout):
             want = ops.prepare_verify(*cpu, mask_indptr, layout, rows, words)
             for g, w in zip(got, want):
                 assert torch.equal(g.cpu(), w)
+
+
+# Around and past the staged batch (1023 requests in shared memory; above, a one-block pass first).
+LARGE_BATCHES = [1023, 1024, 1025, 4096, 65536]
+
+
+def _large_batch(batch, layout, device, seed=0):
+    prefix = [(7 * b) % 40 for b in range(batch)]
+    drafts = [1 + b % 3 for b in range(batch)]
+    return make_verify_batch(prefix, drafts, 1, layout=layout, pad_rows=5, device=device, seed=seed,
+                             packed_dtype=torch.uint8)
+
+
+def _bad_entries(kw, batch):
+    """Faults past the staged range (where the batch has one): a decreasing kv_indptr entry, a
+    draft slot out of range, a qo_indptr entry beyond T_pad."""
+    kw = dict(kw)
+    for name in ("kv_indptr", "out_cache_loc", "qo_indptr"):
+        kw[name] = kw[name].clone()
+    kw["kv_indptr"][batch - 3] = 0
+    kw["out_cache_loc"][5] = -2
+    kw["qo_indptr"][batch - 1] = 10**9
+    return kw
+
+
+@pytest.mark.parametrize("batch", LARGE_BATCHES)
+@pytest.mark.parametrize("layout", ["full", "qlen", "packed"])
+@pytest.mark.parametrize("bad", [False, True])
+def test_prep_ops_large_batches_match_cpu(batch, layout, bad):
+    """Bit for bit against the CPU programs, status included: the fused launch, and the two
+    single-step ops (combined indices, mask conversion); qlen also without mask_indptr."""
+    import ddtree_op
+
+    cpu = _large_batch(batch, layout, "cpu")
+    base = {k: v for k, v in cpu.kwargs().items() if isinstance(v, torch.Tensor) or v is None}
+    variants = [base] + ([dict(base, mask_indptr=None)] if layout == "qlen" else [])
+    rows, slots = cpu.q.shape[0], cpu.kv_cache.shape[0]
+    for kw in variants:
+        kw = _bad_entries(kw, batch) if bad else kw
+        args = [kw[n] for n in ("qo_indptr", "kv_indptr", "kv_indices", "out_cache_loc", "tree_mask", "mask_indptr")]
+        gpu_args = [None if t is None else t.cuda() for t in args]
+        want_status, got_status = ddtree_op.new_status(), ddtree_op.new_status("cuda")
+        want = ops.prepare_verify(*args, layout, rows, 1, slots, 0, want_status)
+        got = ops.prepare_verify(*gpu_args, layout, rows, 1, slots, 0, got_status)
+        total = int(want[0][-1])
+        assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[3].cpu(), want[3])
+        assert torch.equal(got[1][:total].cpu(), want[1][:total]) and torch.equal(got[2].cpu(), want[2])
+        assert torch.equal(got_status.cpu(), want_status), (got_status.tolist(), want_status.tolist())
+        assert bool(want_status[0]) == bad
+        indptr, indices = ops.build_verify_indices(*args[:4])
+        got_indptr, got_indices = ops.build_verify_indices(*gpu_args[:4])
+        end = int(indptr[-1])
+        assert torch.equal(got_indptr.cpu(), indptr) and torch.equal(got_indices[:end].cpu(), indices[:end])
+        words = ops.convert_tree_mask(args[4], args[5], args[0], args[1], layout, rows, 1)
+        assert torch.equal(ops.convert_tree_mask(gpu_args[4], gpu_args[5], gpu_args[0], gpu_args[1], layout, rows, 1).cpu(),
+                           words)
+
+
+@pytest.mark.parametrize("batch", [1023, 1024, 1025, 4096])
+def test_verify_step_large_batches_match_reference(batch):
+    """`mla_tree_verify` on CUDA against the CPU reference, with a status: clean on the valid batch;
+    with faults past the staged range, the same status as the CPU and the same sanitized output."""
+    import ddtree_op
+    from gpu_cases import assert_matches_reference, cuda_backends
+
+    cpu = _large_batch(batch, "full", "cpu", seed=1)
+    q, kv_cache = cpu.q.cuda(), cpu.kv_cache.cuda()
+    for bad in (False, True):
+        cpu_kw = _bad_entries(cpu.kwargs(), batch) if bad else cpu.kwargs()
+        want_status = ddtree_op.new_status()
+        ref_out, ref_lse = ddtree_op.mla_tree_verify(cpu.q, cpu.kv_cache, **cpu_kw, status=want_status)
+        for backend in cuda_backends():
+            kw = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in cpu_kw.items()}
+            status = ddtree_op.new_status("cuda")
+            out, lse = ddtree_op.mla_tree_verify(q, kv_cache, **kw, backend=backend, status=status)
+            assert_matches_reference(out.cpu(), lse.cpu(), ref_out, ref_lse)
+            assert torch.equal(status.cpu(), want_status), (backend, status.tolist(), want_status.tolist())
+            assert bool(want_status[0]) == bad
