@@ -19,8 +19,9 @@
 #   sglang-gpu    tests/test_sglang_gpu.py (SGLang-produced metadata through the adapter and the
 #                 subclass, eager and captured in a CUDA graph replayed with new trees, sm90 and
 #                 Triton) and the CUDA cases of tests/test_sglang.py
-#   sglang-extend SGLang's own Triton extend kernel beside the op, only where .whl-sglang/ holds
-#                 sglang and its dependencies for this Python (else skipped, saying why)
+#   sglang-extend whether SGLang's own Triton extend kernel imports (bench/sglang_triton_extend.py,
+#                 the benchmark's callable), only where .whl-sglang/ holds sglang and its
+#                 dependencies for this Python (else skipped, saying why)
 # Writes $OUT/validate_summary.txt (one line per step), $OUT/validate_sglang.log and
 # $OUT/validate_install.log (environment, wheels, build, demo, install checks). Exits 0.
 set -uo pipefail
