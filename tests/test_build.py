@@ -139,3 +139,12 @@ def test_aot_library_is_loaded_only_where_its_key_matches(tmp_path, monkeypatch)
     monkeypatch.setenv("DDTREE_FORCE_JIT", "1")  # the AOT library ignored: the one JIT-built above, from the cache
     cached = build.load_library.__wrapped__("prep")
     assert cached != str(match) and loaded == [str(match), cached] and len(jit) == 1
+
+
+def test_install_and_device_scripts_parse():
+    repo = Path(__file__).resolve().parents[1]
+    for script in ("bench/install_check.sh", "bench/device_validate.sh"):
+        if not (repo / script).is_file():
+            pytest.skip(f"no {script} beside the tests")
+        result = subprocess.run(["bash", "-n", str(repo / script)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
