@@ -21,7 +21,7 @@ struct TreeMaskArgs {
   int packed_bytes;
   IndexView mask_indptr;
   bool has_mask_indptr;
-  const int64_t* qlen_start;  // qlen without mask_indptr, unstaged batch: block starts [B+1] (else nullptr)
+  const int64_t* qlen_start;  // qlen without mask_indptr, unstaged batch: block starts [B] (else nullptr)
   int batch;
   MaskLayout layout;
   int64_t num_rows;

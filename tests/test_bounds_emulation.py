@@ -83,23 +83,36 @@ def test_emulated_status_ticket_at_an_unaligned_word(emu):
     _compare(emu, kw, case.layout, vb.q.shape[0], vb.kv_cache.shape[0], case.max_draft_len, status_offset=1)
 
 
-# Emulated threads are OS threads: a 4096-request launch takes minutes, so one layout per size.
-@pytest.mark.parametrize("n,layout", [(1023, "full"), (1024, "full"), (1025, "packed"), (4096, "qlen")])
-def test_emulated_cuda_preparation_around_and_past_the_staged_batch(emu, n, layout):
-    """B around and past the 1023 requests staged in shared memory: the unstaged pass and the
-    global-memory index math, valid and with bad entries past the staged range."""
+@pytest.mark.parametrize("layout", ["full", "qlen", "packed"])
+def test_emulated_unstaged_pass_over_several_rounds(emu, layout):
+    """The unstaged path (forced) against the staged one and the CPU on a batch of 300 requests:
+    the emulated one-block pass has 64 threads, so its entry loop and its qlen scan take several
+    rounds; valid, then bad entries in later rounds."""
+    n = 300
     vb = make_verify_batch([1 + i % 5 for i in range(n)], [1 + i % 3 for i in range(n)], 1, layout=layout, pad_rows=2,
-                           seed=4)
+                           seed=4, packed_dtype=torch.uint8)
     rows, slots = vb.q.shape[0], vb.kv_cache.shape[0]
-    paths = (False, True) if n <= 1023 else (True,)  # above 1023 both take the unstaged path
-    _compare(emu, vb.kwargs(), layout, rows, slots, None, paths=paths)
-    if layout == "qlen":  # block starts from the sanitized draft counts (the unstaged pass's scan)
-        _compare(emu, dict(vb.kwargs(), mask_indptr=None), layout, rows, slots, None, paths=paths)
+    _compare(emu, vb.kwargs(), layout, rows, slots, None)
+    if layout == "qlen":  # block starts from the sanitized draft counts (the pass's scan)
+        _compare(emu, dict(vb.kwargs(), mask_indptr=None), layout, rows, slots, None)
+    kw = vb.kwargs()
+    for name in ("kv_indptr", "kv_indices", "qo_indptr"):
+        kw[name] = kw[name].clone()
+    kw["kv_indptr"][n - 40] = 0
+    kw["kv_indices"][200] = slots
+    kw["qo_indptr"][n - 7] += 2  # one request more, the next one fewer: qo_order there
+    _compare(emu, kw, layout, rows, slots, 2, status_offset=1)
+    if layout == "qlen":
+        _compare(emu, dict(kw, mask_indptr=None), layout, rows, slots, 2)
+
+
+# Emulated threads are OS threads (a 1024-request launch takes minutes): small requests.
+@pytest.mark.parametrize("n", [1023, 1024, 1025, 4096])
+def test_emulated_cuda_preparation_around_the_staged_batch(emu, n):
+    """The host's switch at 1023 requests: staged below, the one-block pass first above."""
+    vb = make_verify_batch([i % 2 for i in range(n)], [1] * n, 1, layout="packed", pad_rows=2, seed=4,
+                           packed_dtype=torch.uint8)
     kw = vb.kwargs()
     kw["kv_indptr"] = kw["kv_indptr"].clone()
-    kw["kv_indptr"][n - 40] = 0
-    kw["kv_indices"] = kw["kv_indices"].clone()
-    kw["kv_indices"][-3] = slots
-    kw["qo_indptr"] = kw["qo_indptr"].clone()
-    kw["qo_indptr"][n - 7] += 2  # one request more, the next one fewer: qo_order there
-    _compare(emu, kw, layout, rows, slots, 2, paths=paths, status_offset=1)
+    kw["kv_indptr"][n - 3] = 0
+    _compare(emu, kw, "packed", vb.q.shape[0], vb.kv_cache.shape[0], None, paths=(False,))

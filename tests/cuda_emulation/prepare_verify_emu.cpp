@@ -56,8 +56,11 @@ std::vector<at::Tensor> prepare_verify_emu(at::Tensor qo_indptr, at::Tensor kv_i
     ddtree::IndptrBounds bounds{};
     at::Tensor starts = layout == "qlen" && !has_mi ? at::empty({batch}, qo_indptr.options().dtype(at::kLong)) : at::Tensor();
     int64_t* starts_ptr = starts.defined() ? starts.data_ptr<int64_t>() : nullptr;
-    emu_launch(1, ddtree::kSanitizeThreads, [&] {
-      ddtree::sanitize_indptrs_kernel<ddtree::kSanitizeThreads>(limits, sv, &bounds, starts_ptr);
+    // Fewer threads than the GPU's kSanitizeThreads, so that small batches take several rounds
+    // of its loops (entries, scan tiles) and its reduction spans several warps.
+    constexpr int kEmuSanitizeThreads = 64;
+    emu_launch(1, kEmuSanitizeThreads, [&] {
+      ddtree::sanitize_indptrs_kernel<kEmuSanitizeThreads>(limits, sv, &bounds, starts_ptr);
     });
     mask.qlen_start = starts_ptr;
     emu_launch(grid, kThreads, [&] {
