@@ -12,7 +12,8 @@
 #                 by the sources' contents)
 #   install-aot   (in the background from the start) bench/install_check.sh aot: the libraries
 #                 compiled at install time and loaded without a JIT build
-#   demo          `python -m ddtree_op` (the README's quick start) on the GPU, `auto` and `triton`
+#   demo          `python -m ddtree_op` (the README's quick start) on the GPU, `auto`, alone
+#   demo-triton   the same with `--backend triton` (beside the install step)
 #   install       (in the background, after the demo) bench/install_check.sh jit wheel sdist:
 #                 `pip install .` and its demo, `pip wheel .` and its contents, the sdist built,
 #                 installed, its tests collected and a set of them run from it
@@ -125,13 +126,17 @@ publish
 
 # 4. the demo, as the README's quick start runs it (alone on the GPU: it prints times per step)
 step demo 120 "^backend:|^eager|^torch.compile|^CUDA graph|Error|error:" python3 -m ddtree_op
-step demo-triton 120 "^backend:|^eager|^torch.compile|^CUDA graph|Error|error:" python3 -m ddtree_op --backend triton
 publish
 
-# 5. pip install . / pip wheel . / the sdist, in the background (the cache above is shared)
+# 5. pip install . / pip wheel . / the sdist, in the background (the cache above is shared; the
+# sdist's tests: the demo's and the adapter's, on the GPU)
 ( EXTRA_PATH=/tmp/site INSTALL_CHECK_ROOT=/tmp/ddtree_install INSTALL_CHECK_CACHE=$DDTREE_CACHE_DIR \
+    SDIST_TESTS="tests/test_demo.py tests/test_sglang.py tests/test_readme.py tests/test_package_layout.py" \
     step install 240 "loaded in|^collect:|passed|install_check:" bash bench/install_check.sh jit wheel sdist ) &
 install_pid=$!
+
+step demo-triton 120 "^backend:|^eager|^torch.compile|^CUDA graph|Error|error:" python3 -m ddtree_op --backend triton
+publish
 
 # 6. the SGLang integration's GPU tests
 step sglang-gpu 180 "passed|failed|skipped|error|no tests ran" python3 -m pytest -v -rs -p no:cacheprovider \
