@@ -22,35 +22,14 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void* gmem_
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(src_size));
 }
 
-// The same for KV rows, with an L2 eviction policy (createpolicy) for the pool's lines.
-__device__ __forceinline__ void cp_async_16_policy(uint32_t smem_dst, const void* gmem_src, bool valid, uint64_t policy) {
-  const int src_size = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(smem_dst), "l"(gmem_src),
-               "r"(src_size), "l"(policy));
-}
-
-// An L2 policy for the pool's lines: evict_last keeps the keys that other row blocks of the
-// request read next; evict_normal is the default behaviour.
-__device__ __forceinline__ uint64_t kv_l2_policy(bool evict_last) {
-  uint64_t policy;
-  if (evict_last) {
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-  } else {
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
-  }
-  return policy;
-}
-
 // A 64-row x 64-column box of the pool (the tensor map's box, 128-byte swizzle: the cp.async
 // layout) into shared memory, its bytes counted on `mbar`.
-__device__ __forceinline__ void tma_load_box(const CUtensorMap* map, uint32_t smem_dst, uint64_t* mbar, int col, int row,
-                                             uint64_t policy) {
+__device__ __forceinline__ void tma_load_box(const CUtensorMap* map, uint32_t smem_dst, uint64_t* mbar, int col, int row) {
   const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], "
-      "%5;\n" ::"r"(smem_dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar), "l"(policy)
-      : "memory");
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+                   smem_dst),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar)
+               : "memory");
 }
 
 // Announces `bytes` of TMA data, then `count` arrivals at once (the 128 gather threads' share).
@@ -129,13 +108,13 @@ struct GatherThread {
   // signalled on chunk_full[c].
   template <int kFirst, int kLast>
   __device__ __forceinline__ void copy(uint32_t tile, const Element* kv, int64_t kv_stride, const int (&slot)[4],
-                                       uint64_t* chunk_full, uint64_t policy) const {
+                                       uint64_t* chunk_full) const {
     CUTE_UNROLL
     for (int c = kFirst; c < kLast; ++c) {
       CUTE_UNROLL
       for (int i = 0; i < kRowsPerThread; ++i) {
         const Element* src = kv + int64_t(slot[i] < 0 ? 0 : slot[i]) * kv_stride + c * Traits::kChunkCols + piece * kPieceElems;
-        cp_async_16_policy(tile + c * kChunkBytes + row_offset[i % 2] + (i / 2) * 1024, src, slot[i] >= 0, policy);
+        cp_async_16(tile + c * kChunkBytes + row_offset[i % 2] + (i / 2) * 1024, src, slot[i] >= 0);
       }
       cutlass::arch::cpasync_barrier_arrive_noinc(&chunk_full[c]);
     }
@@ -145,12 +124,12 @@ struct GatherThread {
   // issued by gather thread 0 for the whole warpgroup: its arrival counts for all 128 threads.
   template <int kFirst, int kLast>
   __device__ __forceinline__ void load_boxes(uint32_t tile, const CUtensorMap* map, int first, uint64_t* chunk_full,
-                                             int wg_thread, uint64_t policy) const {
+                                             int wg_thread) const {
     if (wg_thread != 0) return;
     CUTE_UNROLL
     for (int c = kFirst; c < kLast; ++c) {
       expect_bytes(&chunk_full[c], kChunkBytes);
-      tma_load_box(map, tile + c * kChunkBytes, &chunk_full[c], c * Traits::kChunkCols, first, policy);
+      tma_load_box(map, tile + c * kChunkBytes, &chunk_full[c], c * Traits::kChunkCols, first);
       arrive_many(&chunk_full[c], 128);
     }
   }
@@ -158,11 +137,11 @@ struct GatherThread {
   template <int kFirst, int kLast>
   __device__ __forceinline__ void load(uint32_t tile, const Element* kv, int64_t kv_stride, const int (&slot)[4],
                                        const CUtensorMap* map, int first, bool boxes, uint64_t* chunk_full,
-                                       int wg_thread, uint64_t policy) const {
+                                       int wg_thread) const {
     if (boxes) {
-      load_boxes<kFirst, kLast>(tile, map, first, chunk_full, wg_thread, policy);
+      load_boxes<kFirst, kLast>(tile, map, first, chunk_full, wg_thread);
     } else {
-      copy<kFirst, kLast>(tile, kv, kv_stride, slot, chunk_full, policy);
+      copy<kFirst, kLast>(tile, kv, kv_stride, slot, chunk_full);
     }
   }
 
@@ -199,7 +178,6 @@ struct GatherPlan {
   int64_t kv_stride;
   const int32_t* slots;  // verify_indices of the request's first key
   const CUtensorMap* kv_map;  // the pool as 64 x 64 boxes, or nullptr: cp.async only
-  uint64_t kv_policy;         // L2 policy of the pool's lines (kv_l2_policy)
   int kv_begin, kv_end, num_tiles;
 
   __device__ __forceinline__ int slot_of(int tile, int row) const {  // -1 past the range
@@ -241,18 +219,18 @@ __device__ __forceinline__ void gather_segment(const GatherPlan<Traits>& plan, u
 
     if (wait) Barrier::wait(&st.chunk_empty[State::kStage0Low], released);
     g.publish_key_slots(slot[0], wg_thread, st.key_slots[global_pair & 1][0]);
-    g.template load<0, 4>(stage0, plan.kv, plan.kv_stride, slot[0], plan.kv_map, first[0], boxes0, st.chunk_full[0], wg_thread, plan.kv_policy);
+    g.template load<0, 4>(stage0, plan.kv, plan.kv_stride, slot[0], plan.kv_map, first[0], boxes0, st.chunk_full[0], wg_thread);
     if (warp_leader) Barrier::arrive(&st.chunk_full[0][0]);  // after this warp's key bits
     if (wait) Barrier::wait(&st.chunk_empty[State::kStage0High], released);
-    g.template load<4, 9>(stage0, plan.kv, plan.kv_stride, slot[0], plan.kv_map, first[0], boxes0, st.chunk_full[0], wg_thread, plan.kv_policy);
+    g.template load<4, 9>(stage0, plan.kv, plan.kv_stride, slot[0], plan.kv_map, first[0], boxes0, st.chunk_full[0], wg_thread);
 
     if (wait) Barrier::wait(&st.chunk_empty[State::kStage1Low], released);
     g.publish_key_slots(slot[1], wg_thread, st.key_slots[global_pair & 1][1]);
-    g.template load<0, 4>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread, plan.kv_policy);
-    g.template load<8, 9>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread, plan.kv_policy);
+    g.template load<0, 4>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
+    g.template load<8, 9>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
     if (warp_leader) Barrier::arrive(&st.chunk_full[1][0]);
     if (wait) Barrier::wait(&st.chunk_empty[State::kStage1High], released);
-    g.template load<4, 8>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread, plan.kv_policy);
+    g.template load<4, 8>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
 
     load_slots(pair + 1);
   }

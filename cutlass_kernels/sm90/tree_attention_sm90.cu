@@ -54,15 +54,6 @@ bool kv_boxes_enabled() {
   return enabled;
 }
 
-// DDTREE_SM90_KV_EVICT_LAST=1 loads the pool's lines under L2 evict_last, for A/B timing.
-bool kv_evict_last_enabled() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("DDTREE_SM90_KV_EVICT_LAST");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return enabled;
-}
-
 template <class Element, bool kPersistent>
 void launch(const VerifyParams& params, dim3 grid, cudaStream_t stream) {
   using Traits = VerifyTraits<Element>;
@@ -113,7 +104,6 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
   params.q_stride_head = q.stride(1);
   params.kv = kv_cache.data_ptr();
   params.kv_boxes = kv_boxes_enabled() && encode_kv_boxes(&params.kv_map, kv_cache);
-  params.kv_evict_last = kv_evict_last_enabled();
   params.kv_stride = kv_cache.stride(0);
   params.qo_indptr = view_of(qo_indptr);
   params.verify_indptr = verify_indptr.data_ptr<int32_t>();

@@ -30,7 +30,6 @@ namespace ddtree::sm90 {
 struct VerifyParams {
   CUtensorMap kv_map;  // kv as 64-row x 64-column boxes (tree_attention_sm90.cu); valid if kv_boxes
   bool kv_boxes;
-  bool kv_evict_last;  // the pool's lines under L2 evict_last (else evict_normal)
   const void* q;
   int64_t q_stride_token, q_stride_head;
   const void* kv;
@@ -197,7 +196,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       plan.kv_stride = p.kv_stride;
       plan.slots = p.verify_indices + g.kv_lo;
       plan.kv_map = p.kv_boxes ? &p.kv_map : nullptr;
-      plan.kv_policy = kv_l2_policy(p.kv_evict_last);
       plan.kv_begin = g.kv_begin;
       plan.kv_end = g.kv_end;
       plan.num_tiles = g.num_tiles;
