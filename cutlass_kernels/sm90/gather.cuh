@@ -57,24 +57,19 @@ __device__ __forceinline__ bool warpgroup_all(bool mine) {
   return all != 0;
 }
 
-// The q tile by the 256 GEMM threads, while the gather warpgroup starts on the keys: 8 lanes per
-// row (whole 128-byte lines per warp instruction, as the KV gather), rows tid / 8 and tid / 8 + 32.
-// q_row(r, valid) gives row r's source and whether the row exists (else zero-filled).
-template <class Traits, class QRow>
-__device__ __forceinline__ void gather_q(uint32_t smem_q, QRow const& q_row, int tid, uint64_t* q_full) {
+// The q tile by the 256 GEMM threads (4 per row), while the gather warpgroup starts on the keys.
+template <class Traits>
+__device__ __forceinline__ void gather_q(uint32_t smem_q, const typename Traits::Element* q_row, bool valid, int tid,
+                                         uint64_t* q_full) {
   constexpr int kPieceElems = 16 / int(sizeof(typename Traits::Element));
   constexpr int kChunkBytes = Traits::kKeys * Traits::kChunkCols * int(sizeof(typename Traits::Element));
-  const int piece = tid % 8;
+  const int row = tid / 4, first = tid % 4;
+  const uint32_t row_base = smem_q + (row / 8) * 1024 + (row % 8) * 128;
   CUTE_UNROLL
-  for (int half = 0; half < 2; ++half) {
-    const int row = tid / 8 + 32 * half;
-    bool valid;
-    const typename Traits::Element* src = q_row(row, valid);
-    const uint32_t dst = smem_q + (row / 8) * 1024 + (row % 8) * 128 + ((piece ^ (row % 8)) * 16);
-    CUTE_UNROLL
-    for (int c = 0; c < Traits::kColumnChunks; ++c) {
-      cp_async_16(dst + c * kChunkBytes, src + c * Traits::kChunkCols + piece * kPieceElems, valid);
-    }
+  for (int k = 0; k < Traits::kQkDim / kPieceElems / 4; ++k) {
+    const int piece = first + 4 * k;  // of the row's 72
+    const int chunk = piece / 8, in_chunk = piece % 8;
+    cp_async_16(row_base + chunk * kChunkBytes + ((in_chunk ^ (row % 8)) * 16), q_row + piece * kPieceElems, valid);
   }
   cutlass::arch::cpasync_barrier_arrive_noinc(q_full);
 }

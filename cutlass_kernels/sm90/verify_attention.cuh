@@ -237,12 +237,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     if (num_pairs > 0 && warpgroup == 0 && wg_thread % 4 == 0) st.row_max[my_row] = st.row_max[my_row + 8] = -INFINITY;
     __syncthreads();  // with the gather's: the row maxima are set before either warpgroup reads them
     if (num_pairs > 0) {
-      gather_q<Traits>(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), [&](int r, bool& valid) {
-        const int q_row = g.row0 + r;
-        valid = q_row < g.num_rows;
-        return static_cast<const Element*>(p.q) + (g.q_lo + (valid ? q_row / p.heads : 0)) * p.q_stride_token +
-               (valid ? q_row % p.heads : 0) * p.q_stride_head;
-      }, tid, &st.q_full);
+      const int q_row = g.row0 + tid / 4;
+      const bool q_valid = q_row < g.num_rows;
+      const Element* q_src = static_cast<const Element*>(p.q) + (g.q_lo + (q_valid ? q_row / p.heads : 0)) * p.q_stride_token +
+                             (q_valid ? q_row % p.heads : 0) * p.q_stride_head;
+      gather_q<Traits>(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), q_src, q_valid, tid, &st.q_full);
       Barrier::wait(&st.q_full, q_loads & 1);
       ++q_loads;
     }
