@@ -139,3 +139,48 @@ def test_verify_step_large_batches_match_reference(batch):
             assert_matches_reference(out.cpu(), lse.cpu(), ref_out, ref_lse)
             assert torch.equal(status.cpu(), want_status), (backend, status.tolist(), want_status.tolist())
             assert bool(want_status[0]) == bad
+
+
+def test_large_batch_status_in_replayed_cuda_graph():
+    """Above the staged batch the step is two launches (the one-block pass, then the preparation):
+    captured, a replay with a bad value sets the status, the next one with good values clears it,
+    and the output is the CPU reference's again."""
+    import ddtree_op
+    from gpu_cases import assert_matches_reference
+
+    batch = 2048
+    cpu = _large_batch(batch, "full", "cpu", seed=2)
+    ref_out, ref_lse = ddtree_op.mla_tree_verify(cpu.q, cpu.kv_cache, **cpu.kwargs())
+    q, kv_cache = cpu.q.cuda(), cpu.kv_cache.cuda()
+    buffers = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in cpu.kwargs().items()}
+    good = {k: v.clone() for k, v in buffers.items() if isinstance(v, torch.Tensor)}
+    status = ddtree_op.new_status("cuda")
+    out = torch.empty(q.shape[0], q.shape[1], 512, dtype=q.dtype, device="cuda")
+    lse = torch.empty(q.shape[0], q.shape[1], device="cuda")
+
+    def step():
+        ddtree_op.mla_tree_verify(q, kv_cache, **buffers, out=out, lse=lse, status=status)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for name, index, value, kind in [("kv_indptr", batch - 5, 0, "kv_order"), ("out_cache_loc", 3000, -1, "draft_slot"),
+                                     ("qo_indptr", batch, 10**6, "qo_rows")]:
+        graph.replay()
+        torch.cuda.synchronize()
+        assert ddtree_op.decode_status(status) == []
+        assert_matches_reference(out.cpu(), lse.cpu(), ref_out, ref_lse)
+        buffers[name][index] = value
+        graph.replay()
+        torch.cuda.synchronize()
+        assert ddtree_op.decode_status(status)[0][0] == kind, ddtree_op.decode_status(status)
+        buffers[name].copy_(good[name])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert ddtree_op.decode_status(status) == []
+    assert_matches_reference(out.cpu(), lse.cpu(), ref_out, ref_lse)
