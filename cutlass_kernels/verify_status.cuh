@@ -275,12 +275,26 @@ __global__ void __launch_bounds__(kThreads) sanitize_indptrs_kernel(BatchLimits 
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int entries = a.batch + 1;
   int first_q = entries, first_k = entries;
-  for (int64_t e = threadIdx.x; e < entries; e += kThreads) {  // 64-bit: no overflow past the last entry
-    const int b = static_cast<int>(e);
-    const int64_t q = clamp_value(a.qo[b]), k = clamp_value(a.kv[b]);
-    const int64_t q_prev = b == 0 ? 0 : clamp_value(a.qo[b - 1]);
-    const int64_t k_prev = b == 0 ? 0 : clamp_value(a.kv[b - 1]);
-    check_indptr_entry(a, status, true, b, q, q_prev, k, k_prev, first_q, first_k);
+  // kRound entries per thread loaded before any is checked: one load round trip per round (the
+  // checks' atomics would otherwise keep the compiler from hoisting the next entry's loads).
+  constexpr int kRound = 4;
+  for (int64_t base = threadIdx.x; base < entries; base += kRound * kThreads) {  // 64-bit: no overflow
+    int64_t q[kRound], q_prev[kRound], k[kRound], k_prev[kRound];
+#pragma unroll
+    for (int j = 0; j < kRound; ++j) {
+      const int64_t e = base + static_cast<int64_t>(j) * kThreads;
+      const int b = static_cast<int>(e);
+      const bool in = e < entries;
+      q[j] = in ? clamp_value(a.qo[b]) : 0;
+      k[j] = in ? clamp_value(a.kv[b]) : 0;
+      q_prev[j] = in && b > 0 ? clamp_value(a.qo[b - 1]) : 0;
+      k_prev[j] = in && b > 0 ? clamp_value(a.kv[b - 1]) : 0;
+    }
+#pragma unroll
+    for (int j = 0; j < kRound; ++j) {
+      const int64_t e = base + static_cast<int64_t>(j) * kThreads;
+      if (e < entries) check_indptr_entry(a, status, true, static_cast<int>(e), q[j], q_prev[j], k[j], k_prev[j], first_q, first_k);
+    }
   }
   first_q = warp_min(first_q);
   first_k = warp_min(first_k);
