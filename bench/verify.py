@@ -214,6 +214,14 @@ class Inputs:
         return lambda: ddtree_op.mla_tree_verify_paged(pb.q, pb.kv_cache, **pb.kwargs(), out=self.out, lse=self.lse,
                                                        backend=backend, max_draft_len=self.max_draft)
 
+    def sglang_extend(self):
+        """SGLang's own Triton extend kernel on the same buffers (bench/sglang_triton_extend.py)."""
+        from bench.sglang_triton_extend import make_sglang_triton_extend
+
+        vb = self.vb
+        return make_sglang_triton_extend(vb.q, vb.kv_cache, vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc,
+                                         vb.tree_mask, vb.mask_indptr, vb.sm_scale, self.max_draft, self.out)
+
     def baseline(self):
         from bench.sglang_baseline import sglang_style_verify
 
@@ -252,6 +260,8 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
             timings[backend] = time_graph([i.baseline() for i in inputs])
         elif backend == "flashmla":
             timings[backend] = time_graph([i.flashmla() for i in inputs])
+        elif backend == "sglang_extend":
+            timings[backend] = time_graph([i.sglang_extend() for i in inputs])
         elif backend.startswith("paged:"):  # paged:BACKEND, the attention alone on 64-row pages
             timings[backend] = time_graph([i.paged_attention(backend.split(":", 1)[1]) for i in inputs])
         elif backend.startswith("paged_step:"):  # paged_step:BACKEND, the whole paged step
@@ -263,7 +273,7 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
     if floor * 1e6 < REFERENCE_MAX_FLOOR_US:
         timings["reference(eager)"] = time_eager(inputs[0].attention("reference"))
     if with_prep:
-        best = min((b for b in backends if b not in ("sglang_baseline", "reference", "flashmla") and ":" not in b), key=lambda b: timings[b], default=None)
+        best = min((b for b in backends if b not in ("sglang_baseline", "sglang_extend", "reference", "flashmla") and ":" not in b), key=lambda b: timings[b], default=None)
         if best is not None:
             timings[f"step[{best}]"] = time_graph([i.whole_step(best) for i in inputs])
         timings["index_build"] = time_graph([i.index_build() for i in inputs])
@@ -296,7 +306,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="all", choices=["all", "grid", "ragged", "serving"])
     parser.add_argument("--backends", default="triton,sglang_baseline", help="comma list: sm90,triton,sglang_baseline,flashmla (FlashMLA's dense decode, where flash_mla imports), "
-                        "paged:BACKEND (the attention alone over 64-row pages), paged_step:BACKEND (the whole paged step)")
+                        "paged:BACKEND (the attention alone over 64-row pages), paged_step:BACKEND (the whole paged step), "
+                        "sglang_extend (SGLang's own Triton extend kernel, where sglang imports)")
     parser.add_argument("--triton-configs", default=None, help="extra Triton variants 'BM,BN,warps,stages;...'")
     parser.add_argument("--filter", default=None, help="only cases whose name contains this")
     parser.add_argument("--no-prep", action="store_true", help="skip timing index build, mask conversion, whole step")
@@ -309,6 +320,13 @@ def main(argv=None):
     backends = [b for b in args.backends.split(",") if b]
     if "flashmla" in backends and not flashmla_available():
         backends.remove("flashmla")
+    if "sglang_extend" in backends:
+        from bench.sglang_triton_extend import available
+
+        ok, why = available()
+        if not ok:
+            print(f"sglang_extend column skipped: SGLang's extend kernel does not import here ({why})")
+            backends.remove("sglang_extend")
     triton_configs = parse_triton_configs(args.triton_configs)
     gpu = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()
