@@ -202,14 +202,9 @@ def test_graph_replay_reads_the_new_kv_scale():
     def step():
         mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, out=out, lse=lse)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    from gpu_cases import capture
+
+    graph, _ = capture(step)
     for value in (0.02, 0.09):
         kv_scale.fill_(value)
         out.fill_(float("nan"))
