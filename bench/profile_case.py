@@ -34,7 +34,7 @@ def kernel_times(launches, replays: int = 20) -> None:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("case", help="a case name from bench/cases.py")
-    parser.add_argument("--backend", default="sm90")
+    parser.add_argument("--backend", default="sm90", help="a backend, or paged:BACKEND (the attention over 64-row pages)")
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--kernels", action="store_true", help="print per-kernel GPU time inside graph replays")
     parser.add_argument("--sets", type=int, default=8, help="input sets rotated in the graph (--kernels)")
@@ -42,10 +42,15 @@ def main(argv=None):
     case = next((c for c in all_cases() if c.name == args.case), None)
     if case is None:
         raise SystemExit(f"unknown case {args.case!r}")
+    def attention(inputs):
+        if args.backend.startswith("paged:"):
+            return inputs.paged_attention(args.backend.split(":", 1)[1])
+        return inputs.attention(args.backend)
+
     if args.kernels:
-        kernel_times([Inputs(case, seed).attention(args.backend) for seed in range(args.sets)])
+        kernel_times([attention(Inputs(case, seed)) for seed in range(args.sets)])
         return
-    launch = Inputs(case, seed=0).attention(args.backend)
+    launch = attention(Inputs(case, seed=0))
     for _ in range(args.iters):
         launch()
     torch.cuda.synchronize()
