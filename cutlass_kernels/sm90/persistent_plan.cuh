@@ -25,6 +25,7 @@ __device__ __forceinline__ int planned_row_blocks(const PlanView& plan, int head
 // [begin, end) and the row block `first` that holds `begin` (-1: no share, or a plan made for
 // another schedule, in which case the CTA has no segment).
 struct CtaPlan {
+  PlanView plan;
   bool equal_shares;
   bool defer_first;  // the first segment is cut at its start and goes last
   int row_blocks, first;
@@ -32,7 +33,7 @@ struct CtaPlan {
 };
 
 __device__ __forceinline__ CtaPlan read_cta_plan(const PlanView& plan, int heads, int ctas, int splits, int cta) {
-  CtaPlan c{false, false, 0, -1, 0, 0};
+  CtaPlan c{plan, false, false, 0, -1, 0, 0};
   if (plan.header(kPlanHeads) != heads || plan.header(kPlanCtas) != ctas || plan.header(kPlanSplits) != splits) return c;
   c.row_blocks = static_cast<int>(plan.header(kPlanRowBlocks));
   c.equal_shares = plan.header(kPlanEqualShares) != 0;
@@ -56,20 +57,20 @@ __device__ __forceinline__ CtaPlan read_cta_plan(const PlanView& plan, int heads
 }
 
 // Segment k, in processing order, of CTA `cta`; false when it has no more.
-__device__ __forceinline__ bool plan_segment(const PlanView& plan, const CtaPlan& c, int ctas, int splits, int cta, int k,
-                                             Segment& seg) {
-  if (!c.equal_shares) {  // pieces: CTA c takes pieces c, c + ctas, ...
-    const int64_t piece = cta + int64_t(k) * ctas;
-    if (piece >= int64_t(c.row_blocks) * splits) return false;
-    const int64_t r = piece / splits;
+__device__ __forceinline__ bool plan_segment(const CtaPlan& c, int ctas, int splits, int cta, int k, Segment& seg) {
+  const PlanView& plan = c.plan;
+  if (!c.equal_shares) {  // pieces: CTA c takes pieces c, c + ctas, ... (32-bit: 64-bit divisions spill)
+    const int piece = cta + k * ctas;
+    if (piece >= c.row_blocks * splits) return false;
+    const int r = piece / splits;
     const int units = static_cast<int>(plan.field(kPlanUnits, r));
     const int chunk = (units + splits - 1) / splits;
     seg.request = static_cast<int>(plan.field(kPlanRequest, r));
     seg.block = static_cast<int>(plan.field(kPlanBlock, r));
-    seg.unit_begin = min(units, static_cast<int>(piece % splits) * chunk);
+    seg.unit_begin = min(units, (piece - r * splits) * chunk);
     seg.unit_end = min(units, seg.unit_begin + chunk);
     seg.units = units;
-    seg.slot = splits > 1 ? static_cast<int>(piece) : -1;
+    seg.slot = splits > 1 ? piece : -1;
     return true;
   }
   if (c.first < 0) return false;

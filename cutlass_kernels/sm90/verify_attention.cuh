@@ -143,23 +143,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   // schedule: the CTA's (block, split) alone. Persistent schedule: the CTA's first segment.
   const PlanView schedule{p.plan, plan_capacity(p.num_tokens, p.heads, p.batch)};
   const int ctas = static_cast<int>(gridDim.x);
-  CtaPlan cta_plan{};
+  // Later segments read the CTA's plan from shared memory (after the segment's barrier): held in
+  // registers across the segment loop, it spills.
+  __shared__ CtaPlan s_cta_plan;
   Segment seg{};
   if constexpr (kPersistent) {
-    cta_plan = read_cta_plan(schedule, p.heads, ctas, p.num_splits, block);
+    const CtaPlan cta_plan = read_cta_plan(schedule, p.heads, ctas, p.num_splits, block);
+    if (threadIdx.x == 0) s_cta_plan = cta_plan;
     const int64_t padding_begin = p.qo_indptr[p.batch] * p.heads;
     for (int64_t r = padding_begin + int64_t(block) * kRows; r < int64_t(p.num_tokens) * p.heads; r += int64_t(ctas) * kRows) {
       zero_padding_block(r);
     }
-    if (!plan_segment(schedule, cta_plan, ctas, p.num_splits, block, 0, seg)) return;
+    if (!plan_segment(cta_plan, ctas, p.num_splits, block, 0, seg)) return;
   } else {
+    // The row block's entry is loaded with the header (one round trip); the grid has one block
+    // more than the plan has entries.
+    const int64_t entry = min(int64_t(block), schedule.capacity - 1);
+    seg.request = static_cast<int>(schedule.field(kPlanRequest, entry));
+    seg.block = static_cast<int>(schedule.field(kPlanBlock, entry));
     const int row_blocks = planned_row_blocks(schedule, p.heads);
     if (block >= row_blocks) {  // padding rows (split 0 only)
       if (split == 0) zero_padding_block(p.qo_indptr[p.batch] * p.heads + int64_t(block - row_blocks) * kRows);
       return;
     }
-    seg.request = static_cast<int>(schedule.field(kPlanRequest, block));
-    seg.block = static_cast<int>(schedule.field(kPlanBlock, block));
   }
 
   if (threadIdx.x == 0) {
@@ -198,7 +204,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       if constexpr (!kPersistent) {
         break;
       } else {
-        if (!plan_segment(schedule, cta_plan, ctas, p.num_splits, block, segment + 1, seg)) break;
+        if (!plan_segment(s_cta_plan, ctas, p.num_splits, block, segment + 1, seg)) break;
       }
     }
     return;
@@ -291,7 +297,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     if constexpr (!kPersistent) {
       break;
     } else {
-      if (!plan_segment(schedule, cta_plan, ctas, p.num_splits, block, segment + 1, seg)) break;
+      if (!plan_segment(s_cta_plan, ctas, p.num_splits, block, segment + 1, seg)) break;
     }
   }
 }
