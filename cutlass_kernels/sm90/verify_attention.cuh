@@ -46,9 +46,9 @@ struct VerifyParams {
   float* part_out;  // [splits, T * H, 512] when splits > 1
   float* part_lse;  // [splits, T * H]
   int num_tokens, heads, batch, num_splits;
+  const int64_t* plan;  // the schedule plan (../verify_plan.cuh), made for these heads, CTAs and splits
   // Persistent kernel (grid = CTAs): part_out is [2 * CTAs, 64, 512] and part_lse [2 * CTAs, 64],
   // num_splits the pieces schedule's splits per row block (persistent_plan.cuh).
-  const int64_t* plan;  // the schedule plan (../verify_plan.cuh), made for these heads, CTAs and splits
   float scale_log2;  // sm_scale * log2(e)
 };
 
