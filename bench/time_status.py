@@ -1,7 +1,11 @@
 """What the bounds checks and the status cost: the preparation launch and the whole verify step
 (preparation + attention, one graph), each without and with `status=`, on the benchmark's cases:
 
-  PYTHONPATH=$PWD python3 bench/time_status.py [CASE,CASE,...] [--backend sm90]
+  PYTHONPATH=$PWD python3 bench/time_status.py [CASE,CASE,...] [--backend sm90] [--prep-batches 1023,1024,4096]
+
+--prep-batches times the preparation alone on synthetic batches of that many requests (1-3
+drafts, prefixes of 0-39 tokens; 1023 is the largest staged batch, above it a one-block pass runs
+first), without and with `status=`; no cases are then timed unless named.
 
 Same timing as bench/verify.py (graphs of up to 8 calls on rotating input sets, median of 15
 groups). The sanitizing itself is always on; its cost is the step here against the step of a run
@@ -31,11 +35,38 @@ def _step(i: Inputs, backend: str, status):
                                              max_draft_len=i.max_draft, status=status)
 
 
+def time_large_batches(batches):
+    from ddtree_op.synthetic import make_verify_batch
+
+    print(f"{'requests':>10s} {'prep us':>9s} {'+status':>9s}")
+    for batch in batches:
+        sets = []
+        for seed in range(2):
+            vb = make_verify_batch([(7 * b + seed) % 40 for b in range(batch)], [1 + (b + seed) % 3 for b in range(batch)], 1,
+                                   device="cuda", seed=seed)
+            sets.append((vb, vb.q.shape[0]))
+        status = ddtree_op.new_status("cuda")
+
+        def launch(vb, rows, st):
+            return lambda: ops.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
+                                              vb.mask_indptr, "full", rows, 1, vb.kv_cache.shape[0], 0, st)
+
+        plain = time_graph([launch(vb, rows, None) for vb, rows in sets])
+        with_status = time_graph([launch(vb, rows, status) for vb, rows in sets])
+        ddtree_op.raise_on_status(status)
+        print(f"{batch:10d} {plain * 1e6:9.2f} {with_status * 1e6:9.2f}", flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser()
     parser.add_argument("cases", nargs="?", help="comma-separated case names (default: all)")
     parser.add_argument("--backend", default="sm90")
+    parser.add_argument("--prep-batches", default="", help="comma-separated batch sizes: the preparation alone")
     args = parser.parse_args(argv)
+    if args.prep_batches:
+        time_large_batches([int(b) for b in args.prep_batches.split(",")])
+        if not args.cases:
+            return
     names = set(args.cases.split(",")) if args.cases else None
     print(f"{'case':28s} {'prep us':>8s} {'+status':>8s} {'step us':>9s} {'+status':>9s} {'status %':>9s}")
     ratios = []

@@ -183,6 +183,45 @@ class Inputs:
         launch()  # the first call fills the schedule; captured replays reuse it
         return launch
 
+    def paged_batch(self):
+        """The same step in FlashMLA's paged layout (64-row pages; bench/paged_fp8.py), built once."""
+        if not hasattr(self, "_paged"):
+            from bench.paged_fp8 import paged_inputs
+
+            self._paged = paged_inputs(self.case, seed=self.seed)
+        return self._paged
+
+    def paged_attention(self, backend: str):
+        """The attention op alone over the paged batch's slot lists (prepared once, as for the
+        slot backends): the kernel on FlashMLA's pages, beside FlashMLA itself."""
+        from ddtree_op.api import mask_words_per_row
+        from ddtree_op.paged import prepare_paged
+
+        pb = self.paged_batch()
+        pages = pb.kv_cache.select(2, 0) if pb.kv_cache.dim() == 4 else pb.kv_cache
+        pool = pages.flatten(0, 1)
+        words = mask_words_per_row(pb.tree_mask, pb.mask_layout, self.rows, self.max_draft)
+        verify_indptr, verify_indices, mask_words, qo = prepare_paged(
+            pb.block_table, pb.cache_seqlens, pb.qo_indptr, pb.tree_mask, pb.mask_indptr, pb.mask_layout, pages.shape[1],
+            pages.shape[0], self.rows, words, self.max_draft)
+        return lambda: ops.tree_attention_into(pb.q, pool, qo, verify_indptr, verify_indices, mask_words, pb.sm_scale, self.out,
+                                               self.lse, backend)
+
+    def paged_step(self, backend: str):
+        import ddtree_op
+
+        pb = self.paged_batch()
+        return lambda: ddtree_op.mla_tree_verify_paged(pb.q, pb.kv_cache, **pb.kwargs(), out=self.out, lse=self.lse,
+                                                       backend=backend, max_draft_len=self.max_draft)
+
+    def sglang_extend(self):
+        """SGLang's own Triton extend kernel on the same buffers (bench/sglang_triton_extend.py)."""
+        from bench.sglang_triton_extend import make_sglang_triton_extend
+
+        vb = self.vb
+        return make_sglang_triton_extend(vb.q, vb.kv_cache, vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc,
+                                         vb.tree_mask, vb.mask_indptr, vb.sm_scale, self.max_draft, self.out)
+
     def baseline(self):
         from bench.sglang_baseline import sglang_style_verify
 
@@ -221,6 +260,12 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
             timings[backend] = time_graph([i.baseline() for i in inputs])
         elif backend == "flashmla":
             timings[backend] = time_graph([i.flashmla() for i in inputs])
+        elif backend == "sglang_extend":
+            timings[backend] = time_graph([i.sglang_extend() for i in inputs])
+        elif backend.startswith("paged:"):  # paged:BACKEND, the attention alone on 64-row pages
+            timings[backend] = time_graph([i.paged_attention(backend.split(":", 1)[1]) for i in inputs])
+        elif backend.startswith("paged_step:"):  # paged_step:BACKEND, the whole paged step
+            timings[backend] = time_graph([i.paged_step(backend.split(":", 1)[1]) for i in inputs])
         else:
             timings[backend] = time_graph([i.attention(backend) for i in inputs])
     for name, config in triton_configs.items():
@@ -228,7 +273,7 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
     if floor * 1e6 < REFERENCE_MAX_FLOOR_US:
         timings["reference(eager)"] = time_eager(inputs[0].attention("reference"))
     if with_prep:
-        best = min((b for b in backends if b not in ("sglang_baseline", "reference", "flashmla")), key=lambda b: timings[b], default=None)
+        best = min((b for b in backends if b not in ("sglang_baseline", "sglang_extend", "reference", "flashmla") and ":" not in b), key=lambda b: timings[b], default=None)
         if best is not None:
             timings[f"step[{best}]"] = time_graph([i.whole_step(best) for i in inputs])
         timings["index_build"] = time_graph([i.index_build() for i in inputs])
@@ -260,7 +305,9 @@ def git_commit() -> str:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default="all", choices=["all", "grid", "ragged", "serving"])
-    parser.add_argument("--backends", default="triton,sglang_baseline", help="comma list: sm90,triton,sglang_baseline,flashmla (FlashMLA's dense decode, where flash_mla imports)")
+    parser.add_argument("--backends", default="triton,sglang_baseline", help="comma list: sm90,triton,sglang_baseline,flashmla (FlashMLA's dense decode, where flash_mla imports), "
+                        "paged:BACKEND (the attention alone over 64-row pages), paged_step:BACKEND (the whole paged step), "
+                        "sglang_extend (SGLang's own Triton extend kernel, where sglang imports)")
     parser.add_argument("--triton-configs", default=None, help="extra Triton variants 'BM,BN,warps,stages;...'")
     parser.add_argument("--filter", default=None, help="only cases whose name contains this")
     parser.add_argument("--no-prep", action="store_true", help="skip timing index build, mask conversion, whole step")
@@ -273,6 +320,13 @@ def main(argv=None):
     backends = [b for b in args.backends.split(",") if b]
     if "flashmla" in backends and not flashmla_available():
         backends.remove("flashmla")
+    if "sglang_extend" in backends:
+        from bench.sglang_triton_extend import available
+
+        ok, why = available()
+        if not ok:
+            print(f"sglang_extend column skipped: SGLang's extend kernel does not import here ({why})")
+            backends.remove("sglang_extend")
     triton_configs = parse_triton_configs(args.triton_configs)
     gpu = torch.cuda.get_device_name()
     date = datetime.date.today().isoformat()

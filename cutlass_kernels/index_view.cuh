@@ -16,7 +16,7 @@ template <class Indptr>
 __device__ __forceinline__ int owning_request(const Indptr& indptr, int batch, int64_t pos) {
   int lo = 0, hi = batch - 1;
   while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
+    const int mid = lo + (hi - lo + 1) / 2;  // no int overflow for any batch
     if (indptr[mid] <= pos) lo = mid; else hi = mid - 1;
   }
   return lo;

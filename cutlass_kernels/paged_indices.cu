@@ -1,5 +1,5 @@
 // The paged batch in slot lists (paged_indices.cuh has the layout): one launch on the current
-// stream (two for batches above kSharedBatch), no host reads, so it is capturable in CUDA graphs.
+// stream (two for batches above kPagedSharedBatch), no host reads, so it is capturable in CUDA graphs.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -13,13 +13,15 @@
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kScanThreads = 1024;
+constexpr int kStagedItems = (kPagedSharedBatch + kThreads) / kThreads;  // B + 1 entries: one tile
+constexpr int kScanThreads = 512;
+constexpr int kScanItems = 8;
 // The slot threads stride over the entries: the prefix bound from shapes (every table row full)
 // is usually far above the positions in use, and a block per 256 of it would mostly exit at once.
 constexpr int64_t kMaxSlotBlocks = 2048;
 
 __global__ void __launch_bounds__(kScanThreads) scan_paged_lengths_kernel(PagedLengthArgs args) {
-  scan_paged_lengths<kScanThreads>(args);
+  scan_paged_lengths<kScanThreads, kScanItems>(args);
 }
 
 __device__ __forceinline__ void write_paged_slots(const PagedSlotArgs& args) {
@@ -30,18 +32,18 @@ __device__ __forceinline__ void write_paged_slots(const PagedSlotArgs& args) {
   }
 }
 
-// After scan_paged_lengths_kernel (batches above kSharedBatch): lengths from global memory.
+// After scan_paged_lengths_kernel (batches above kPagedSharedBatch): lengths from global memory.
 __global__ void __launch_bounds__(kThreads) paged_slots_kernel(PagedSlotArgs args) { write_paged_slots(args); }
 
 // Every block scans the lengths into shared memory (a few loads it would otherwise make from the
 // scan's output anyway) instead of waiting for a separate scan launch; block 0 also stores
 // kv_indptr, which the preparation reads.
 __global__ void __launch_bounds__(kThreads) paged_scan_and_slots_kernel(PagedLengthArgs lengths, PagedSlotArgs slots) {
-  __shared__ int32_t s_qo[kSharedBatch + 1], s_kv_indptr[kSharedBatch + 1];
+  __shared__ int32_t s_qo[kPagedSharedBatch + 1], s_kv_indptr[kPagedSharedBatch + 1];
   PagedLengthArgs scan = lengths;
   scan.qo = s_qo;
   scan.kv_indptr = s_kv_indptr;
-  scan_paged_lengths<kThreads>(scan);  // ends with a block barrier
+  scan_paged_lengths<kThreads, kStagedItems>(scan);  // ends with a block barrier
   if (blockIdx.x == 0) {
     for (int e = threadIdx.x; e <= lengths.batch; e += blockDim.x) lengths.kv_indptr[e] = s_kv_indptr[e];
   }
@@ -85,7 +87,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> paged_slot_lists_cuda(const at::T
                             kv_indices.data_ptr<int32_t>(), out_cache_loc.data_ptr<int32_t>()};
   const int64_t entries = prefix_entries + num_rows;
   const int64_t blocks = std::max<int64_t>(1, std::min(kMaxSlotBlocks, (entries + kThreads - 1) / kThreads));
-  if (batch <= kSharedBatch) {
+  if (batch <= kPagedSharedBatch) {
     paged_scan_and_slots_kernel<<<static_cast<int>(blocks), kThreads, 0, stream>>>(lengths, slots);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else {

@@ -5,7 +5,7 @@
 // both entry points follow one set of rules. ddtree_op/prep.py (paged_slot_lists) is the CPU
 // program these kernels are tested against; ddtree_op/paged.py's doc has the rules for bad page
 // ids and lengths. Each slot block scans the per-request lengths into shared memory itself
-// (batches of up to kSharedBatch requests: one launch), then writes slots, a thread per prefix
+// (batches of up to kPagedSharedBatch requests: one launch), then writes slots, a thread per prefix
 // position and per row; larger batches scan once in a one-block launch first.
 #pragma once
 #include <ATen/ATen.h>
@@ -14,7 +14,9 @@
 
 #include "index_view.cuh"
 
-constexpr int kSharedBatch = 1024;
+// Largest paged batch whose lengths each slot block scans into shared memory itself (its own name:
+// the preparation stages up to ddtree::kSharedBatch = 1023 requests).
+constexpr int kPagedSharedBatch = 1024;
 
 struct PagedLengthArgs {
   IndexView qo_indptr, cache_seqlens;
@@ -30,22 +32,34 @@ __device__ __forceinline__ bool paged_request_fits(int64_t seqlen, int64_t num_d
   return seqlen >= num_draft && seqlen <= capacity;
 }
 
-template <int kThreads>
+// kItems consecutive entries per thread (one load round trip for all of them), so a tile of
+// kThreads * kItems entries costs one block scan and its two barriers.
+template <int kThreads, int kItems>
 __device__ void scan_paged_lengths(const PagedLengthArgs& a) {
   using Scan = cub::BlockScan<int64_t, kThreads>;
+  constexpr int64_t kTile = static_cast<int64_t>(kThreads) * kItems;
   __shared__ typename Scan::TempStorage temp;
   __shared__ int64_t carry;
   const auto max_op = [](int64_t x, int64_t y) { return x > y ? x : y; };
+  const int64_t first = static_cast<int64_t>(threadIdx.x) * kItems;
   // Pass 1: qo[e] = max over qo_indptr[0..e], each clamped into [0, num_rows].
   if (threadIdx.x == 0) carry = 0;
   __syncthreads();
-  for (int64_t tile = 0; tile <= a.batch; tile += kThreads) {
-    const int64_t e = tile + threadIdx.x;
-    int64_t v = e <= a.batch ? a.qo_indptr[e] : 0;
-    v = max_op(v < 0 ? 0 : (v > a.num_rows ? a.num_rows : v), carry);
-    int64_t running, tile_max;
-    Scan(temp).InclusiveScan(v, running, max_op, tile_max);
-    if (e <= a.batch) a.qo[e] = static_cast<int32_t>(running);
+  for (int64_t tile = 0; tile <= a.batch; tile += kTile) {
+    int64_t v[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t e = tile + first + j;
+      const int64_t x = e <= a.batch ? a.qo_indptr[e] : 0;
+      v[j] = max_op(x < 0 ? 0 : (x > a.num_rows ? a.num_rows : x), carry);
+    }
+    int64_t tile_max;
+    Scan(temp).InclusiveScan(v, v, max_op, tile_max);
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t e = tile + first + j;
+      if (e <= a.batch) a.qo[e] = static_cast<int32_t>(v[j]);
+    }
     __syncthreads();  // every thread has read `carry` and `temp` is free again
     if (threadIdx.x == 0) carry = tile_max;
     __syncthreads();
@@ -56,17 +70,25 @@ __device__ void scan_paged_lengths(const PagedLengthArgs& a) {
     a.kv_indptr[0] = 0;
   }
   __syncthreads();
-  for (int64_t tile = 0; tile < a.batch; tile += kThreads) {
-    const int64_t e = tile + threadIdx.x;
-    int64_t prefix = 0;
-    if (e < a.batch) {
-      const int64_t num_draft = a.qo[e + 1] - a.qo[e];
-      const int64_t seqlen = a.cache_seqlens[e];
-      prefix = paged_request_fits(seqlen, num_draft, a.capacity) ? seqlen - num_draft : 0;
+  for (int64_t tile = 0; tile < a.batch; tile += kTile) {
+    int64_t prefix[kItems];
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t e = tile + first + j;
+      prefix[j] = 0;
+      if (e < a.batch) {
+        const int64_t num_draft = a.qo[e + 1] - a.qo[e];
+        const int64_t seqlen = a.cache_seqlens[e];
+        prefix[j] = paged_request_fits(seqlen, num_draft, a.capacity) ? seqlen - num_draft : 0;
+      }
     }
-    int64_t prefix_end, prefix_total;
-    Scan(temp).InclusiveSum(prefix, prefix_end, prefix_total);
-    if (e < a.batch) a.kv_indptr[e + 1] = static_cast<int32_t>(carry + prefix_end);
+    int64_t prefix_total;
+    Scan(temp).InclusiveSum(prefix, prefix, prefix_total);
+#pragma unroll
+    for (int j = 0; j < kItems; ++j) {
+      const int64_t e = tile + first + j;
+      if (e < a.batch) a.kv_indptr[e + 1] = static_cast<int32_t>(carry + prefix[j]);
+    }
     __syncthreads();
     if (threadIdx.x == 0) carry += prefix_total;
     __syncthreads();

@@ -1,6 +1,7 @@
-// The mask-conversion op (tree_mask.cuh has the layouts): one launch on the current stream, no
-// host reads, so it is capturable in CUDA graphs. It sanitizes the batch with what it knows
-// (rows bounded by num_rows; no kv_indices, so prefix ends are not bounded).
+// The mask-conversion op (tree_mask.cuh has the layouts): one launch on the current stream (two
+// above kSharedBatch requests), no host reads, so it is capturable in CUDA graphs. It sanitizes
+// the batch with what it knows (rows bounded by num_rows; no kv_indices, so prefix ends are not
+// bounded).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -13,9 +14,14 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void __launch_bounds__(kThreads) convert_tree_mask_kernel(ddtree::BatchLimits limits, TreeMaskArgs args) {
-  const ddtree::StatusView no_status{nullptr};
-  const ddtree::SanitizedBatch batch = ddtree::sanitize_batch(limits, no_status, false);
+template <bool kStaged>
+__global__ void __launch_bounds__(kThreads) convert_tree_mask_kernel(ddtree::BatchLimits limits, const ddtree::IndptrBounds* bounds,
+                                                                     TreeMaskArgs args) {
+  ddtree::StatusRecorder no_status(ddtree::StatusView{nullptr, nullptr});
+  const auto batch = [&] {
+    if constexpr (kStaged) return ddtree::sanitize_staged(limits, no_status, false);
+    else return ddtree::sanitized_from(limits, bounds);
+  }();
   const int64_t thread = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   convert_tree_mask_word(args, batch, no_status, thread / 32, threadIdx.x % 32);  // one warp per word
 }
@@ -30,8 +36,19 @@ at::Tensor convert_tree_mask_cuda(const at::Tensor& tree_mask, const c10::option
   const int packed_width = packed_mask_width(tree_mask, layout);
   const ddtree::BatchLimits limits = ddtree::make_batch_limits(
       qo_indptr, kv_indptr, c10::nullopt, num_rows, ddtree::kClampHigh, ddtree::kClampHigh, 64 * words_per_row, 0, packed_width);
-  const int blocks = static_cast<int>((args.num_words() * 32 + kThreads - 1) / kThreads);
-  convert_tree_mask_kernel<<<blocks, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(limits, args);
+  const int64_t blocks = (args.num_words() * 32 + kThreads - 1) / kThreads;
+  TORCH_CHECK(blocks <= INT32_MAX, "ddtree_op: a compact mask of ", args.num_words(), " words needs more than 2^31 - 1 blocks");
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  if (limits.batch <= ddtree::kSharedBatch) {
+    convert_tree_mask_kernel<true><<<static_cast<int>(blocks), kThreads, 0, stream>>>(limits, nullptr, args);
+  } else {
+    auto [bounds, qlen_start] =
+        ddtree::launch_sanitize_indptrs(qo_indptr, limits, ddtree::StatusView{nullptr, nullptr},
+                                        layout == "qlen" && !args.has_mask_indptr, stream);
+    args.qlen_start = qlen_start.defined() ? qlen_start.data_ptr<int64_t>() : nullptr;
+    convert_tree_mask_kernel<false><<<static_cast<int>(blocks), kThreads, 0, stream>>>(
+        limits, reinterpret_cast<const ddtree::IndptrBounds*>(bounds.data_ptr<int64_t>()), args);
+  }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return words;
 }

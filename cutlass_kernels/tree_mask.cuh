@@ -21,23 +21,13 @@ struct TreeMaskArgs {
   int packed_bytes;
   IndexView mask_indptr;
   bool has_mask_indptr;
-  IndexView qo_indptr, kv_indptr;  // read by the overload without a batch view (trusted indptrs)
+  const int64_t* qlen_start;  // qlen without mask_indptr, unstaged batch: block starts [B] (else nullptr)
   int batch;
   MaskLayout layout;
   int64_t num_rows;
   int words_per_row;
   int64_t* words;
   int64_t num_words() const { return num_rows * words_per_row; }
-};
-
-// Indptrs that are already monotone and in range (the paged preparation's scan output), seen
-// through the interface of ddtree::SanitizedBatch.
-struct TrustedBatch {
-  IndexView qo, kv;
-  __device__ __forceinline__ int64_t qo_at(int b) const { return qo[b]; }
-  __device__ __forceinline__ bool is_void(int) const { return false; }
-  __device__ __forceinline__ int64_t num_draft(int b) const { return qo[b + 1] - qo[b]; }
-  __device__ __forceinline__ int64_t prefix_len(int b) const { return kv[b + 1] - kv[b]; }
 };
 
 template <class Batch>
@@ -48,11 +38,11 @@ struct RowsOf {
 
 // The whole warp calls this with the same word index `idx`: lane j reads bytes j and 32 + j of
 // the row's 64-column window (coalesced) and two ballots make the word. Rows are those of the
-// batch view (verify_status.cuh's sanitized batch, or TrustedBatch); a cell outside the mask
+// sanitized batch view (verify_status.cuh, staged or not); a cell outside the mask
 // reads as "not visible" and records a fault for its request.
 template <class Batch>
-__device__ __forceinline__ void convert_tree_mask_word(const TreeMaskArgs& a, const Batch& s,
-                                                       const ddtree::StatusView& status, int64_t idx, int lane) {
+__device__ __forceinline__ void convert_tree_mask_word(const TreeMaskArgs& a, const Batch& s, ddtree::StatusRecorder& status,
+                                                       int64_t idx, int lane) {
   if (idx >= a.num_rows * a.words_per_row) return;  // warp-uniform
   const int64_t row = idx / a.words_per_row;
   const int word = static_cast<int>(idx % a.words_per_row);
@@ -86,7 +76,9 @@ __device__ __forceinline__ void convert_tree_mask_word(const TreeMaskArgs& a, co
           uint64_t block = 0;
           if (a.has_mask_indptr) {
             block = static_cast<uint64_t>(a.mask_indptr[b]);
-          } else {
+          } else if (a.qlen_start != nullptr) {
+            block = static_cast<uint64_t>(a.qlen_start[b]);
+          } else {  // a staged batch: at most kSharedBatch requests, in shared memory
             for (int e = 0; e < b; ++e) {
               const int64_t n = s.num_draft(e);
               block += static_cast<uint64_t>(n * n);
@@ -106,11 +98,6 @@ __device__ __forceinline__ void convert_tree_mask_word(const TreeMaskArgs& a, co
     }
   }
   if (lane == 0) a.words[idx] = static_cast<int64_t>(bits);
-}
-
-// The same over the args' own indptrs, taken as already sanitized; no status.
-__device__ __forceinline__ void convert_tree_mask_word(const TreeMaskArgs& a, int64_t idx, int lane) {
-  convert_tree_mask_word(a, TrustedBatch{a.qo_indptr, a.kv_indptr}, ddtree::StatusView{nullptr}, idx, lane);
 }
 
 // Bits per row of a packed mask, 0 for the byte layouts.
@@ -144,8 +131,7 @@ inline std::tuple<TreeMaskArgs, at::Tensor> make_tree_mask_args(const at::Tensor
                           static_cast<int>(tree_mask.element_size()),
                           has_mask_indptr ? view_of(*mask_indptr) : view_of(qo_indptr),
                           has_mask_indptr,
-                          view_of(qo_indptr),
-                          view_of(kv_indptr),
+                          nullptr,
                           static_cast<int>(qo_indptr.numel() - 1),
                           kind,
                           num_rows,

@@ -28,9 +28,10 @@ struct VerifyIndexArgs {
 // Thread `pos` writes verify_indptr[pos] (and the sanitized qo_indptr[pos]) for pos <= B, and
 // verify_indices[pos]; the request is found by binary search in the combined indptr. Positions
 // past the last request's keys get slot 0.
-__device__ __forceinline__ void build_verify_index(const VerifyIndexArgs& a, const ddtree::SanitizedBatch& s,
-                                                   const ddtree::StatusView& status, int64_t pos) {
-  const ddtree::KeysBefore combined{&s};
+template <class Batch>
+__device__ __forceinline__ void build_verify_index(const VerifyIndexArgs& a, const Batch& s, ddtree::StatusRecorder& status,
+                                                   int64_t pos) {
+  const ddtree::KeysBefore<Batch> combined{&s};
   if (pos <= a.batch) {
     a.verify_indptr[pos] = static_cast<int32_t>(combined[pos]);
     if (a.qo_indptr_out != nullptr) a.qo_indptr_out[pos] = static_cast<int32_t>(s.qo_at(static_cast<int>(pos)));
@@ -59,7 +60,8 @@ __device__ __forceinline__ void build_verify_index(const VerifyIndexArgs& a, con
 inline std::tuple<VerifyIndexArgs, at::Tensor, at::Tensor> make_verify_index_args(
     const at::Tensor& qo_indptr, const at::Tensor& kv_indptr, const at::Tensor& kv_indices, const at::Tensor& out_cache_loc,
     int64_t num_slots) {
-  TORCH_CHECK(qo_indptr.dim() == 1 && qo_indptr.numel() >= 1, "ddtree_op: qo_indptr must be 1-D of length B+1");
+  TORCH_CHECK(qo_indptr.dim() == 1 && qo_indptr.numel() >= 1 && qo_indptr.numel() <= ddtree::kClampHigh,
+              "ddtree_op: qo_indptr must be 1-D of length B+1 < 2^31");
   const int batch = static_cast<int>(qo_indptr.numel() - 1);
   TORCH_CHECK(kv_indptr.numel() >= batch + 1, "ddtree_op: kv_indptr must have at least B+1 entries");
   check_index_tensor(qo_indptr, "qo_indptr");

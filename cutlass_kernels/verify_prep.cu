@@ -1,10 +1,11 @@
-// The verify step's preparation in one launch: blocks [0, index_blocks) build the combined
+// The verify step's preparation in one launch (two above kSharedBatch requests): blocks [0, index_blocks) build the combined
 // indices (verify_indices.cuh, a thread per position), the others convert the tree mask
 // (tree_mask.cuh, a warp per word). Every block first sanitizes the batch (verify_status.cuh:
-// staged indptrs, one block reduction), block 0 records the indptr faults, and the last block to
-// finish publishes the optional status. Where a plan is asked for, the first plan.blocks blocks
-// write the schedule plan of the sanitized batch instead (verify_plan.cuh; first, so that they run
-// in the first wave). On the current stream, no host reads: capturable in CUDA graphs.
+// staged indptrs and one block vote, block 0 recording the indptr faults; above kSharedBatch
+// requests a one-block pass launched first does that once), and the last block to finish
+// publishes the optional status. Where a plan is asked for, the first plan.blocks blocks write the
+// schedule plan of the sanitized batch instead (verify_plan.cuh; first, so that they run in the
+// first wave). On the current stream, no host reads: capturable in CUDA graphs.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -20,12 +21,19 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void __launch_bounds__(kThreads) prepare_verify_kernel(ddtree::BatchLimits limits, VerifyIndexArgs index,
-                                                                  int index_blocks, TreeMaskArgs mask,
-                                                                  ddtree::StatusView status, ddtree::StatusInputs inputs,
+// kStaged: every block stages the batch (B <= kSharedBatch); else `bounds` holds what
+// sanitize_indptrs_kernel found, launched just before on the same stream.
+template <bool kStaged>
+__global__ void __launch_bounds__(kThreads) prepare_verify_kernel(ddtree::BatchLimits limits, const ddtree::IndptrBounds* bounds,
+                                                                  VerifyIndexArgs index, int index_blocks, TreeMaskArgs mask,
+                                                                  ddtree::StatusView view, ddtree::StatusInputs inputs,
                                                                   ddtree::PlanArgs plan) {
   const int block = static_cast<int>(blockIdx.x);
-  const ddtree::SanitizedBatch batch = ddtree::sanitize_batch(limits, status, block == 0);
+  ddtree::StatusRecorder status(view);
+  const auto batch = [&] {
+    if constexpr (kStaged) return ddtree::sanitize_staged(limits, status, block == 0);
+    else return ddtree::sanitized_from(limits, bounds);
+  }();
   const int work_block = block - plan.blocks;
   if (work_block < 0) {
     ddtree::build_verify_plan<kThreads>(plan, batch, block);
@@ -55,14 +63,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> prepare_verify_cuda(
   const ddtree::BatchLimits limits = ddtree::make_batch_limits(
       qo_indptr, kv_indptr, reads_mask_indptr, num_rows, out_cache_loc.numel(), kv_indices.numel(),
       64 * words_per_row, max_draft_len, packed_width);
-  ddtree::StatusView status_view{nullptr};
+  int32_t* status_data = nullptr;
   if (status.has_value()) {
     TORCH_CHECK(status->is_cuda() && status->device() == qo_indptr.device() && status->scalar_type() == at::kInt &&
                     status->is_contiguous() && status->numel() >= ddtree::kStatusSize,
                 "ddtree_op: argument 'status' must be a contiguous int32 tensor of ", ddtree::kStatusSize,
                 " entries on the device of q (ddtree_op.new_status)");
-    status_view.data = status->data_ptr<int32_t>();
+    status_data = status->data_ptr<int32_t>();
   }
+  const ddtree::StatusView status_view = ddtree::make_status_view(status_data);
   const ddtree::StatusInputs inputs{view_of(qo_indptr), view_of(kv_indptr), view_of(kv_indices), view_of(out_cache_loc),
                                     limits.mask_indptr, limits.has_mask_indptr, tree_mask.numel()};
   const int64_t index_blocks = (index.num_threads() + kThreads - 1) / kThreads;
@@ -70,9 +79,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> prepare_verify_cuda(
   const ddtree::PlanArgs plan_args =
       ddtree::make_verify_plan_args(plan, qo_indptr.device(), num_rows, heads, limits.batch, plan_ctas, plan_splits, kThreads);
   const int64_t blocks = plan_args.blocks + index_blocks + mask_blocks;
-  prepare_verify_kernel<<<static_cast<int>(blocks), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      limits, index, static_cast<int>(index_blocks), mask, status_view, inputs, plan_args);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  TORCH_CHECK(blocks <= INT32_MAX, "ddtree_op: the preparation of ", num_rows, " rows and ", index.total,
+              " positions needs more than 2^31 - 1 blocks");
+  const auto stream = c10::cuda::getCurrentCUDAStream();
+  if (limits.batch <= ddtree::kSharedBatch) {
+    prepare_verify_kernel<true><<<static_cast<int>(blocks), kThreads, 0, stream>>>(
+        limits, nullptr, index, static_cast<int>(index_blocks), mask, status_view, inputs, plan_args);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  } else {
+    auto [bounds, qlen_start] = ddtree::launch_sanitize_indptrs(qo_indptr, limits, status_view, layout == "qlen" && !mask.has_mask_indptr, stream);
+    mask.qlen_start = qlen_start.defined() ? qlen_start.data_ptr<int64_t>() : nullptr;
+    prepare_verify_kernel<false><<<static_cast<int>(blocks), kThreads, 0, stream>>>(
+        limits, reinterpret_cast<const ddtree::IndptrBounds*>(bounds.data_ptr<int64_t>()), index,
+        static_cast<int>(index_blocks), mask, status_view, inputs, plan_args);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
   return {verify_indptr, verify_indices, words, qo_out};
 }
 

@@ -14,10 +14,24 @@
 // - A slot outside [0, S) becomes -1; mask cells outside the mask read as "not visible".
 // Values are clamped to [-1, INT32_MAX] before any comparison or arithmetic, so no predicate can
 // overflow, and the first bad entry is the same as on the raw values (every bound is < 2^31).
+//
+// Two ways to a sanitized batch, chosen on the host from B (a template parameter, so that no
+// pointer is ever shared memory in one launch and global memory in another):
+// - staged (B <= kSharedBatch): every block loads the indptrs into shared memory, finds k_q and
+//   k_kv with one block vote (and a second barrier only when an entry is bad), and its binary
+//   searches run in shared memory;
+// - unstaged (any B): a one-block pass (sanitize_indptrs_kernel) finds k_q, k_kv and the two key
+//   counts the blocks need and records the indptr faults; the preparation's blocks then read those
+//   four numbers and the indptrs themselves from global memory.
 #pragma once
+#include <climits>
 #include <cstdint>
+#include <tuple>
 
 #include "index_view.cuh"
+#if defined(__CUDACC__)
+#include <c10/cuda/CUDAException.h>
+#endif
 
 namespace ddtree {
 
@@ -25,11 +39,13 @@ namespace ddtree {
 //   [0] fault bits (1 << kind), 0 = the step was clean
 //   [1] the lowest kind whose bit is set (-1 if none)     [2] its first position   [3] the value there
 //   [4 + k] first position of kind k (-1 if none)
-//   [kStatusAccum...] workspace of the launch, left zeroed by it (do not write). One launch at a
-//   time per status tensor: the last block to finish publishes and clears the workspace.
+//   [kStatusAccum...] workspace of the launch, left zeroed by it (do not write): the encoded first
+//   positions, then one 64-bit ticket (at kStatusTicket, or the next word where that one is not
+//   8-byte aligned): the blocks that have finished (high 32 bits) and the fault bits (low 32).
+//   One launch at a time per status tensor: the last block to finish publishes and clears it.
 constexpr int kStatusSize = 32;
 constexpr int kStatusBits = 0, kStatusKind = 1, kStatusPosition = 2, kStatusValue = 3, kStatusPositions = 4;
-constexpr int kStatusAccum = 16, kStatusAccumBits = 28, kStatusCounter = 31;
+constexpr int kStatusAccum = 16, kStatusTicket = 28;
 
 // Kinds in the order check_verify_inputs reports them; positions index the argument named.
 enum Fault : int {
@@ -47,22 +63,42 @@ enum Fault : int {
   kDraftCount = 11,     // request b has more drafts than max_draft_len          pos b   value n_b
   kNumFaults = 12,
 };
-static_assert(kStatusPositions + kNumFaults <= kStatusAccum && kStatusAccum + kNumFaults <= kStatusAccumBits, "status layout");
+static_assert(kStatusPositions + kNumFaults <= kStatusAccum && kStatusAccum + kNumFaults <= kStatusTicket &&
+                  kStatusTicket + 3 <= kStatusSize,
+              "status layout");
 
 constexpr int64_t kClampHigh = 2147483647;  // values are clamped to [-1, kClampHigh]
+constexpr unsigned long long kTicketArrival = 1ull << 32;
 
 __device__ __forceinline__ int64_t clamp_value(int64_t v) { return v < -1 ? -1 : (v > kClampHigh ? kClampHigh : v); }
 
-// Faults are accumulated into the workspace: bits by OR, positions by max of (INT32_MAX - pos)
-// (0 = none), so the earliest position wins whatever order the threads run in.
 struct StatusView {
-  int32_t* data;  // nullptr: the caller asked for no status
-  __device__ __forceinline__ void record(int kind, int64_t pos) const {
-    if (data == nullptr) return;
+  int32_t* data;               // nullptr: the caller asked for no status
+  unsigned long long* ticket;  // inside data's workspace
+};
+
+// Host side: the view of a status tensor's data (nullptr for none).
+inline StatusView make_status_view(int32_t* data) {
+  if (data == nullptr) return {nullptr, nullptr};
+  int32_t* word = data + kStatusTicket;
+  if (reinterpret_cast<uintptr_t>(word) % 8 != 0) ++word;
+  return {data, reinterpret_cast<unsigned long long*>(word)};
+}
+
+// One thread's side of the status. Faults are accumulated in the workspace: positions by max of
+// (INT32_MAX - pos) (0 = none), so the earliest position wins whatever order the threads run in,
+// and the bit by OR into the ticket. `recorded` tells finish_status that this block must fence
+// before it arrives; a clean block never does.
+struct StatusRecorder {
+  StatusView view;
+  bool recorded;
+  __device__ __forceinline__ explicit StatusRecorder(const StatusView& v) : view(v), recorded(false) {}
+  __device__ __forceinline__ void record(int kind, int64_t pos) {
+    if (view.data == nullptr) return;
     const int32_t p = static_cast<int32_t>(pos < 0 ? 0 : (pos > kClampHigh - 1 ? kClampHigh - 1 : pos));
-    atomicOr(data + kStatusAccumBits, 1 << kind);
-    atomicMax(data + kStatusAccum + kind, static_cast<int32_t>(kClampHigh) - p);
-    __threadfence();  // visible before this block's arrival at the counter (finish_status)
+    atomicMax(view.data + kStatusAccum + kind, static_cast<int32_t>(kClampHigh) - p);
+    atomicOr(view.ticket, 1ull << kind);
+    recorded = true;
   }
 };
 
@@ -79,12 +115,17 @@ struct BatchLimits {
   int packed_width;       // bits per packed row, 0 for the byte layouts
 };
 
-// Indptrs of up to kSharedBatch + 1 entries are staged in shared memory (one load round trip,
-// then the binary searches run there); longer ones are read (clamped) from global memory.
+// Largest batch whose indptrs (kSharedBatch + 1 entries each) are staged in shared memory.
 constexpr int kSharedBatch = 1023;
 
+// What the unstaged pass leaves for the preparation's blocks (int64 [4] on the device).
+struct IndptrBounds {
+  int64_t k_qo, k_kv, kv0, keys_at_void;
+};
+
+template <bool kStaged>
 struct SanitizedBatch {
-  const int32_t* s_qo;  // shared copies (clamped), or nullptr
+  const int32_t* s_qo;  // staged: the clamped indptrs in shared memory (unused otherwise)
   const int32_t* s_kv;
   IndexView qo, kv;
   int batch;
@@ -92,8 +133,14 @@ struct SanitizedBatch {
   int first_void;  // requests b >= first_void are void (batch if none)
   int64_t kv0, keys_at_void;
 
-  __device__ __forceinline__ int64_t raw_qo(int b) const { return s_qo ? s_qo[b] : clamp_value(qo[b]); }
-  __device__ __forceinline__ int64_t raw_kv(int b) const { return s_kv ? s_kv[b] : clamp_value(kv[b]); }
+  __device__ __forceinline__ int64_t raw_qo(int b) const {
+    if constexpr (kStaged) return s_qo[b];
+    else return clamp_value(qo[b]);
+  }
+  __device__ __forceinline__ int64_t raw_kv(int b) const {
+    if constexpr (kStaged) return s_kv[b];
+    else return clamp_value(kv[b]);
+  }
   // Sanitized qo_indptr: monotone, within [0, min(T_pad, out_cache_loc.numel())], starts at 0.
   __device__ __forceinline__ int64_t qo_at(int b) const {
     if (b < k_qo) return raw_qo(b);
@@ -107,72 +154,214 @@ struct SanitizedBatch {
     if (b <= first_void) return (b < k_kv ? raw_kv(b) - kv0 : 0) + qo_at(b);
     return keys_at_void + qo_at(b) - qo_at(first_void);
   }
+  // first_void, kv0 and keys_at_void from k_qo and k_kv.
+  __device__ __forceinline__ void derive() {
+    const int trusted = k_qo < k_kv ? k_qo : k_kv;
+    first_void = trusted > 0 ? trusted - 1 : 0;
+    kv0 = k_kv > 0 ? raw_kv(0) : 0;
+    keys_at_void = 0;
+    keys_at_void = keys_before(first_void);  // the first branch of keys_before
+  }
 };
 
+template <class Batch>
 struct KeysBefore {
-  const SanitizedBatch* s;
+  const Batch* s;
   __device__ __forceinline__ int64_t operator[](int64_t b) const { return s->keys_before(static_cast<int>(b)); }
 };
 
-// Every thread of the block calls this (it synchronises the block). `record` (block 0 only)
-// records the indptr faults; the faults that depend on slots and mask cells are recorded where
-// they are read.
-__device__ __forceinline__ SanitizedBatch sanitize_batch(const BatchLimits& a, const StatusView& status, bool record) {
+// Entry b of the indptrs (clamped values, b - 1's too): whether it is the first bad entry of
+// either, folded into the thread's running minimum; with `record`, its faults.
+__device__ __forceinline__ void check_indptr_entry(const BatchLimits& a, StatusRecorder& status, bool record, int b,
+                                                   int64_t q, int64_t q_prev, int64_t k, int64_t k_prev, int& first_q,
+                                                   int& first_k) {
+  const int64_t max_rows = a.num_rows < a.num_draft_slots ? a.num_rows : a.num_draft_slots;
+  const int64_t drafts = q - q_prev;
+  const bool q_bad = (b == 0 ? q != 0 : q < q_prev) || q > max_rows || (b > 0 && drafts > a.draft_cap);
+  const bool k_bad = (b == 0 ? k < 0 : k < k_prev) || k > a.num_prefix;
+  if (q_bad && b < first_q) first_q = b;
+  if (k_bad && b < first_k) first_k = b;
+  if (record) {
+    if (b == 0 && q != 0) status.record(kQoStart, 0);
+    if (b > 0 && q < q_prev) status.record(kQoOrder, b);
+    if (b > 0 && k < k_prev) status.record(kKvOrder, b);
+    if (q > a.num_rows) status.record(kQoRows, b);
+    if (q > a.num_draft_slots) status.record(kQoSlots, b);
+    if (k < 0 || k > a.num_prefix) status.record(kKvRange, b);
+    if (b > 0 && a.packed_width > 0 && drafts > a.packed_width) status.record(kMaskWidth, b - 1);
+    if (b > 0 && ((a.max_draft_len > 0 && drafts > a.max_draft_len) || drafts > a.draft_cap)) status.record(kDraftCount, b - 1);
+    // mask_indptr is read raw.
+    if (b > 0 && a.has_mask_indptr && a.mask_indptr[b] < a.mask_indptr[b - 1]) status.record(kMaskIndptrOrder, b);
+  }
+}
+
+// The staged sanitizing (a.batch <= kSharedBatch). Every thread of the block calls this (it
+// synchronises the block); `record` (one block) records the indptr faults, the faults that depend
+// on slots and mask cells are recorded where they are read. One load round trip (entry b and b-1,
+// the second mostly from L1), one block vote; a second barrier only where an entry is bad.
+__device__ __forceinline__ SanitizedBatch<true> sanitize_staged(const BatchLimits& a, StatusRecorder& status, bool record) {
   __shared__ int32_t s_qo[kSharedBatch + 1], s_kv[kSharedBatch + 1];
   __shared__ int s_k_qo, s_k_kv;
-  const bool staged = a.batch <= kSharedBatch;
   const int entries = a.batch + 1;
   if (threadIdx.x == 0) {
     s_k_qo = entries;
     s_k_kv = entries;
   }
-  for (int b = threadIdx.x; b < entries; b += blockDim.x) {
-    if (staged) {
-      s_qo[b] = static_cast<int32_t>(clamp_value(a.qo[b]));
-      s_kv[b] = static_cast<int32_t>(clamp_value(a.kv[b]));
-    }
-    // Loaded in the same round trip as the staging (block 0 only): mask_indptr is read raw.
-    if (record && b > 0 && a.has_mask_indptr && a.mask_indptr[b] < a.mask_indptr[b - 1]) status.record(kMaskIndptrOrder, b);
+  int first_q = entries, first_k = entries;
+  for (int b = static_cast<int>(threadIdx.x); b < entries; b += blockDim.x) {
+    const int64_t q = clamp_value(a.qo[b]), k = clamp_value(a.kv[b]);
+    const int64_t q_prev = b == 0 ? 0 : clamp_value(a.qo[b - 1]);
+    const int64_t k_prev = b == 0 ? 0 : clamp_value(a.kv[b - 1]);
+    s_qo[b] = static_cast<int32_t>(q);
+    s_kv[b] = static_cast<int32_t>(k);
+    check_indptr_entry(a, status, record, b, q, q_prev, k, k_prev, first_q, first_k);
   }
-  __syncthreads();
-  const int64_t max_rows = a.num_rows < a.num_draft_slots ? a.num_rows : a.num_draft_slots;
-  for (int b = threadIdx.x; b < entries; b += blockDim.x) {
-    const int64_t q = staged ? s_qo[b] : clamp_value(a.qo[b]);
-    const int64_t k = staged ? s_kv[b] : clamp_value(a.kv[b]);
-    const int64_t q_prev = b == 0 ? 0 : (staged ? s_qo[b - 1] : clamp_value(a.qo[b - 1]));
-    const int64_t k_prev = b == 0 ? 0 : (staged ? s_kv[b - 1] : clamp_value(a.kv[b - 1]));
-    const int64_t drafts = q - q_prev;
-    const bool q_bad = (b == 0 ? q != 0 : q < q_prev) || q > max_rows || (b > 0 && drafts > a.draft_cap);
-    const bool k_bad = (b == 0 ? k < 0 : k < k_prev) || k > a.num_prefix;
-    if (q_bad) atomicMin(&s_k_qo, b);
-    if (k_bad) atomicMin(&s_k_kv, b);
-    if (record) {
-      if (b == 0 && q != 0) status.record(kQoStart, 0);
-      if (b > 0 && q < q_prev) status.record(kQoOrder, b);
-      if (b > 0 && k < k_prev) status.record(kKvOrder, b);
-      if (q > a.num_rows) status.record(kQoRows, b);
-      if (q > a.num_draft_slots) status.record(kQoSlots, b);
-      if (k < 0 || k > a.num_prefix) status.record(kKvRange, b);
-      if (b > 0 && a.packed_width > 0 && drafts > a.packed_width) status.record(kMaskWidth, b - 1);
-      if (b > 0 && ((a.max_draft_len > 0 && drafts > a.max_draft_len) || drafts > a.draft_cap)) status.record(kDraftCount, b - 1);
-    }
+  if (__syncthreads_or(first_q < entries || first_k < entries)) {  // block-uniform
+    if (first_q < entries) atomicMin(&s_k_qo, first_q);
+    if (first_k < entries) atomicMin(&s_k_kv, first_k);
+    __syncthreads();
   }
-  __syncthreads();
-  SanitizedBatch s;
-  s.s_qo = staged ? s_qo : nullptr;
-  s.s_kv = staged ? s_kv : nullptr;
+  SanitizedBatch<true> s;
+  s.s_qo = s_qo;
+  s.s_kv = s_kv;
   s.qo = a.qo;
   s.kv = a.kv;
   s.batch = a.batch;
   s.k_qo = s_k_qo;
   s.k_kv = s_k_kv;
-  const int trusted = s.k_qo < s.k_kv ? s.k_qo : s.k_kv;
-  s.first_void = trusted > 0 ? trusted - 1 : 0;
-  s.kv0 = s.k_kv > 0 ? s.raw_kv(0) : 0;
-  s.keys_at_void = 0;
-  s.keys_at_void = s.keys_before(s.first_void);  // the first branch of keys_before
+  s.derive();
   return s;
 }
+
+// The unstaged batch, from what sanitize_indptrs_kernel left (read by every thread: one load).
+__device__ __forceinline__ SanitizedBatch<false> sanitized_from(const BatchLimits& a, const IndptrBounds* bounds) {
+  SanitizedBatch<false> s;
+  s.s_qo = nullptr;
+  s.s_kv = nullptr;
+  s.qo = a.qo;
+  s.kv = a.kv;
+  s.batch = a.batch;
+  const IndptrBounds d = *bounds;
+  s.k_qo = static_cast<int>(d.k_qo);
+  s.k_kv = static_cast<int>(d.k_kv);
+  const int trusted = s.k_qo < s.k_kv ? s.k_qo : s.k_kv;
+  s.first_void = trusted > 0 ? trusted - 1 : 0;
+  s.kv0 = d.kv0;
+  s.keys_at_void = d.keys_at_void;
+  return s;
+}
+
+__device__ __forceinline__ int warp_min(int v) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    const int other = __shfl_xor_sync(0xffffffffu, v, offset);
+    v = other < v ? other : v;
+  }
+  return v;
+}
+
+// The unstaged pass: one block of kThreads over the whole batch (any size). It records the
+// indptr faults (the preparation's blocks then do not) and writes the IndptrBounds; with
+// `qlen_start` (layout qlen without mask_indptr) also the start of every request's mask block,
+// the exclusive sum of the sanitized n_b^2 (a block scan, tile by tile).
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) sanitize_indptrs_kernel(BatchLimits a, StatusView view, IndptrBounds* out,
+                                                                    int64_t* qlen_start) {
+  static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps");
+  constexpr int kWarps = kThreads / 32;
+  __shared__ int s_first[2][kWarps];
+  __shared__ int64_t s_warp_sum[kWarps];
+  __shared__ int64_t s_carry;
+  StatusRecorder status(view);
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int entries = a.batch + 1;
+  int first_q = entries, first_k = entries;
+  // kRound entries per thread loaded before any is checked: one load round trip per round (the
+  // checks' atomics would otherwise keep the compiler from hoisting the next entry's loads).
+  constexpr int kRound = 4;
+  for (int64_t base = threadIdx.x; base < entries; base += kRound * kThreads) {  // 64-bit: no overflow
+    int64_t q[kRound], q_prev[kRound], k[kRound], k_prev[kRound];
+#pragma unroll
+    for (int j = 0; j < kRound; ++j) {
+      const int64_t e = base + static_cast<int64_t>(j) * kThreads;
+      const int b = static_cast<int>(e);
+      const bool in = e < entries;
+      q[j] = in ? clamp_value(a.qo[b]) : 0;
+      k[j] = in ? clamp_value(a.kv[b]) : 0;
+      q_prev[j] = in && b > 0 ? clamp_value(a.qo[b - 1]) : 0;
+      k_prev[j] = in && b > 0 ? clamp_value(a.kv[b - 1]) : 0;
+    }
+#pragma unroll
+    for (int j = 0; j < kRound; ++j) {
+      const int64_t e = base + static_cast<int64_t>(j) * kThreads;
+      if (e < entries) check_indptr_entry(a, status, true, static_cast<int>(e), q[j], q_prev[j], k[j], k_prev[j], first_q, first_k);
+    }
+  }
+  first_q = warp_min(first_q);
+  first_k = warp_min(first_k);
+  if (lane == 0) {
+    s_first[0][warp] = first_q;
+    s_first[1][warp] = first_k;
+  }
+  __syncthreads();
+  for (int w = 0; w < kWarps; ++w) {  // every thread: the block's minimum
+    first_q = s_first[0][w] < first_q ? s_first[0][w] : first_q;
+    first_k = s_first[1][w] < first_k ? s_first[1][w] : first_k;
+  }
+  SanitizedBatch<false> s;
+  s.s_qo = nullptr;
+  s.s_kv = nullptr;
+  s.qo = a.qo;
+  s.kv = a.kv;
+  s.batch = a.batch;
+  s.k_qo = first_q;
+  s.k_kv = first_k;
+  if (threadIdx.x == 0) {
+    s.derive();
+    *out = IndptrBounds{s.k_qo, s.k_kv, s.kv0, s.keys_at_void};
+    s_carry = 0;
+  }
+  if (qlen_start == nullptr) return;  // uniform
+  for (int64_t tile = 0; tile < a.batch; tile += kThreads) {
+    const int64_t b = tile + threadIdx.x;
+    int64_t size = 0;
+    if (b < a.batch) {
+      const int64_t n = s.num_draft(static_cast<int>(b));
+      size = n * n;
+    }
+    int64_t inclusive = size;
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int64_t v = __shfl_up_sync(0xffffffffu, inclusive, offset);
+      if (lane >= offset) inclusive += v;
+    }
+    if (lane == 31) s_warp_sum[warp] = inclusive;
+    __syncthreads();  // also orders s_carry's last write before its read
+    int64_t before = s_carry;
+    for (int w = 0; w < warp; ++w) before += s_warp_sum[w];
+    if (b < a.batch) qlen_start[b] = before + inclusive - size;
+    __syncthreads();  // every thread has read s_carry and s_warp_sum
+    if (threadIdx.x == kThreads - 1) s_carry = before + inclusive;
+  }
+}
+
+constexpr int kSanitizeThreads = 1024;
+
+#if defined(__CUDACC__)
+// Host side of the unstaged pass: (bounds int64 [4], and with `qlen_starts` the qlen block starts
+// int64 [B], else undefined), on the device of `qo_indptr`.
+inline std::tuple<at::Tensor, at::Tensor> launch_sanitize_indptrs(const at::Tensor& qo_indptr, const BatchLimits& limits,
+                                                                  const StatusView& status, bool qlen_starts,
+                                                                  cudaStream_t stream) {
+  const auto opts = qo_indptr.options().dtype(at::kLong);
+  at::Tensor bounds = at::empty({4}, opts);
+  at::Tensor starts = qlen_starts ? at::empty({limits.batch}, opts) : at::Tensor();
+  static_assert(sizeof(IndptrBounds) == 4 * sizeof(int64_t), "IndptrBounds is int64 [4]");
+  sanitize_indptrs_kernel<kSanitizeThreads><<<1, kSanitizeThreads, 0, stream>>>(
+      limits, status, reinterpret_cast<IndptrBounds*>(bounds.data_ptr<int64_t>()),
+      starts.defined() ? starts.data_ptr<int64_t>() : nullptr);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {bounds, starts};
+}
+#endif
 
 // Host side: the limits from tensors. `mask_indptr` only where the layout reads it.
 inline BatchLimits make_batch_limits(const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
@@ -216,36 +405,46 @@ __device__ __forceinline__ int64_t fault_value(const StatusInputs& in, int kind,
   }
 }
 
-// Called by every thread of every block at the end of the launch: the last block to arrive
-// publishes the status and zeroes the workspace, so the next launch (the next replay of a
-// captured step) starts clean without a memset of its own.
-__device__ __forceinline__ void finish_status(const StatusView& status, const StatusInputs& in) {
-  if (status.data == nullptr) return;  // uniform over the grid
-  __shared__ bool s_last;
+// Called by every thread of every block at the end of the launch. Each block arrives with one
+// atomic on the ticket (a block that recorded a fault fences first, so that its positions are
+// visible to whoever sees its arrival); the last block to arrive publishes the status and clears
+// the workspace, so the next launch (the next replay of a captured step) starts clean without a
+// memset of its own. Clean step: one barrier vote, one atomic per block, 16 stores in the last.
+__device__ __forceinline__ void finish_status(const StatusRecorder& status, const StatusInputs& in) {
+  const StatusView& view = status.view;
+  if (view.data == nullptr) return;  // uniform over the grid
+  __shared__ unsigned long long s_ticket;
   __shared__ int32_t s_pos[kNumFaults];
-  __syncthreads();
+  const bool faulted = __syncthreads_or(status.recorded);
   if (threadIdx.x == 0) {
-    __threadfence();
-    s_last = atomicAdd(status.data + kStatusCounter, 1) == static_cast<int>(gridDim.x) - 1;
+    if (faulted) __threadfence();
+    s_ticket = atomicAdd(view.ticket, kTicketArrival);
   }
   __syncthreads();
-  if (!s_last) return;
+  const unsigned long long ticket = s_ticket;
+  if ((ticket >> 32) != gridDim.x - 1) return;
+  const uint32_t bits = static_cast<uint32_t>(ticket);
+  if (bits == 0) {
+    if (threadIdx.x < kStatusAccum) view.data[threadIdx.x] = threadIdx.x == kStatusBits || threadIdx.x == kStatusValue ? 0 : -1;
+    if (threadIdx.x == 0) *view.ticket = 0;
+    return;
+  }
+  __threadfence();  // the positions of the blocks that arrived before
   if (threadIdx.x < kNumFaults) {
-    const int32_t encoded = atomicExch(status.data + kStatusAccum + threadIdx.x, 0);
-    const int32_t pos = encoded == 0 ? -1 : static_cast<int32_t>(kClampHigh) - encoded;
+    int32_t pos = -1;
+    if (bits >> threadIdx.x & 1) pos = static_cast<int32_t>(kClampHigh) - atomicExch(view.data + kStatusAccum + threadIdx.x, 0);
     s_pos[threadIdx.x] = pos;
-    status.data[kStatusPositions + threadIdx.x] = pos;
+    view.data[kStatusPositions + threadIdx.x] = pos;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    const int32_t bits = atomicExch(status.data + kStatusAccumBits, 0);
-    const int kind = bits == 0 ? -1 : __ffs(bits) - 1;
-    const int32_t pos = kind < 0 ? -1 : s_pos[kind];
-    status.data[kStatusBits] = bits;
-    status.data[kStatusKind] = kind;
-    status.data[kStatusPosition] = pos;
-    status.data[kStatusValue] = kind < 0 ? 0 : saturate_int32(fault_value(in, kind, pos));
-    atomicExch(status.data + kStatusCounter, 0);
+    const int kind = __ffs(static_cast<int>(bits)) - 1;
+    const int32_t pos = s_pos[kind];
+    view.data[kStatusBits] = static_cast<int32_t>(bits);
+    view.data[kStatusKind] = kind;
+    view.data[kStatusPosition] = pos;
+    view.data[kStatusValue] = saturate_int32(fault_value(in, kind, pos));
+    *view.ticket = 0;
   }
 }
 

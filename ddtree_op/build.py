@@ -192,12 +192,6 @@ def load_library(library: str) -> str:
             torch.ops.load_library(str(aot))
             log.info("ddtree_op: loaded the ahead-of-time %s library %s", library, aot)
             return str(aot)
-    from torch.utils.cpp_extension import is_ninja_available, load
-
-    if not is_ninja_available():
-        raise RuntimeError("ddtree_op: JIT-building the CUDA libraries needs ninja: `pip install ninja` (it comes with "
-                           "the package's `cuda` extra)")
-    include = include_dirs(library)
     key = build_key(arch, library)
     name = f"ddtree_{library}_{key}"
     build_dir = cache_root() / f"sm{arch}" / name
@@ -209,10 +203,25 @@ def load_library(library: str) -> str:
         if stale.exists():
             log.warning("ddtree_op: removing a stale build lock %s left by an interrupted build", stale)
             stale.unlink()
-        fresh = not built.exists()
-        if fresh:
-            _notice(f"ddtree_op: JIT-compiling the {library} CUDA library for sm_{arch} (first use; cached in {build_dir})")
-            start = time.perf_counter()
+        if built.exists():
+            # The directory's name is the key, a hash of the sources' contents: a library found
+            # here is up to date. Loaded as it is, not through torch's `load`, which would rebuild
+            # it (silently, about a minute for sm90) whenever the sources sit at another path than
+            # the build's (another checkout, an installed wheel or sdist sharing the cache).
+            try:
+                torch.ops.load_library(str(built))
+                return str(built)
+            except (OSError, RuntimeError) as exc:  # e.g. cut short by a killed link: build it again
+                log.warning("ddtree_op: the cached %s library %s does not load (%s); rebuilding it", library, built, exc)
+                built.unlink()
+        from torch.utils.cpp_extension import is_ninja_available, load
+
+        if not is_ninja_available():
+            raise RuntimeError("ddtree_op: JIT-building the CUDA libraries needs ninja: `pip install ninja` (it comes "
+                               "with the package's `cuda` extra)")
+        include = include_dirs(library)  # raises with the install hint where sm90's CUTLASS headers are missing
+        _notice(f"ddtree_op: JIT-compiling the {library} CUDA library for sm_{arch} (first use; cached in {build_dir})")
+        start = time.perf_counter()
         flags = cuda_build_flags(arch)
         path = load(
             name=name,
@@ -224,6 +233,5 @@ def load_library(library: str) -> str:
             is_python_module=False,
             verbose=os.environ.get("DDTREE_BUILD_VERBOSE", "0") == "1",
         )
-        if fresh:
-            _notice(f"ddtree_op: built the {library} CUDA library in {time.perf_counter() - start:.1f} s")
+        _notice(f"ddtree_op: built the {library} CUDA library in {time.perf_counter() - start:.1f} s")
     return str(path if path else built)

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .contract import CUDA_MAX_BATCH, LATENT_DIM, MASK_LAYOUTS, PACKED_MASK_BITS, QK_DIM
+from .contract import LATENT_DIM, MASK_LAYOUTS, PACKED_MASK_BITS, QK_DIM
 from .status import check_status_tensor, new_status, raise_on_status
 
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -26,13 +26,6 @@ FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.uint8)
 
 def _fail(name: str, expected: str, got: str) -> None:
     raise ValueError(f"ddtree_op: argument '{name}' must be {expected}, got {got}")
-
-
-def check_cuda_batch(batch: int, device: torch.device) -> None:
-    """Batches larger than the CUDA preparation handles are refused (by shape, before any launch)."""
-    if device.type == "cuda" and batch > CUDA_MAX_BATCH:
-        _fail("qo_indptr", f"of length <= {CUDA_MAX_BATCH + 1} on CUDA (at most {CUDA_MAX_BATCH} requests a step)",
-              f"length {batch + 1}")
 
 
 def _check_tensor(name: str, t, *, ndim: int | None = None, dtypes=None, device=None) -> None:
@@ -88,7 +81,8 @@ def check_verify_shapes(
     if qo_indptr.numel() < 1:
         _fail("qo_indptr", "of length B+1 >= 1", "an empty tensor")
     batch = qo_indptr.numel() - 1
-    check_cuda_batch(batch, dev)
+    if batch + 1 > INDEX_LIMIT:  # request indices and indptr positions are int32 in every kernel
+        _fail("qo_indptr", f"of at most {INDEX_LIMIT} entries (positions are int32)", f"length {batch + 1}")
     if kv_indptr.numel() < batch + 1:
         _fail("kv_indptr", f"of length >= B+1 = {batch + 1} (B from qo_indptr)", f"length {kv_indptr.numel()}")
 

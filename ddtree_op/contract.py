@@ -72,11 +72,6 @@ PACKED_MASK_BITS = {
 
 # Values of `backend=`. "auto" walks AUTO_ORDER (backends/__init__.py); DEPRECATED_BACKENDS are
 # old names still accepted, with a warning.
-# Requests per verify step on CUDA: the preparation kernels' batches validated on the GPU (their
-# indptrs staged in shared memory). A 1024-request paged batch stopped the GPU with an illegal
-# instruction (docs/kernel-log.md, 2026-12-01), so larger batches are refused before any launch.
-CUDA_MAX_BATCH = 1023
-
 BACKENDS = ("reference", "triton", "sm90")
 BACKEND_CHOICES = ("auto",) + BACKENDS
 DEPRECATED_BACKENDS = {"cutlass": "sm90"}

@@ -80,6 +80,28 @@ def fake_jit_load(calls):
 
 
 def test_jit_build_says_when_it_starts_and_how_long_it_took(tmp_path, monkeypatch, capsys):
+    import torch
+    import torch.utils.cpp_extension
+
+    monkeypatch.setenv("DDTREE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("DDTREE_CUDA_ARCH", "80")
+    monkeypatch.setattr(build, "AOT_DIR", tmp_path / "no_aot")
+    calls, loaded = [], []
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", fake_jit_load(calls))
+    monkeypatch.setattr(torch.ops, "load_library", loaded.append)
+    built = build.load_library.__wrapped__("prep")
+    err = capsys.readouterr().err
+    assert "ddtree_op: JIT-compiling the prep CUDA library for sm_80 (first use; cached in" in err
+    assert re.search(r"ddtree_op: built the prep CUDA library in \d+\.\d s", err)
+    assert len(calls) == 1 and Path(built).parent.parent == tmp_path / "sm80"
+    # Cached: loaded as it is, announced no more, and torch's `load` (which rebuilds a library
+    # whose sources moved, e.g. a checkout's build loaded by an installed copy) is not called.
+    assert build.load_library.__wrapped__("prep") == built
+    assert capsys.readouterr().err == "" and len(calls) == 1 and loaded == [built]
+
+
+def test_cached_library_that_does_not_load_is_rebuilt(tmp_path, monkeypatch, capsys):
+    import torch
     import torch.utils.cpp_extension
 
     monkeypatch.setenv("DDTREE_CACHE_DIR", str(tmp_path))
@@ -87,12 +109,15 @@ def test_jit_build_says_when_it_starts_and_how_long_it_took(tmp_path, monkeypatc
     monkeypatch.setattr(build, "AOT_DIR", tmp_path / "no_aot")
     calls = []
     monkeypatch.setattr(torch.utils.cpp_extension, "load", fake_jit_load(calls))
-    build.load_library.__wrapped__("prep")
-    err = capsys.readouterr().err
-    assert "ddtree_op: JIT-compiling the prep CUDA library for sm_80 (first use; cached in" in err
-    assert re.search(r"ddtree_op: built the prep CUDA library in \d+\.\d s", err)
-    build.load_library.__wrapped__("prep")  # cached: loaded again, announced no more
-    assert capsys.readouterr().err == "" and len(calls) == 2
+    built = build.load_library.__wrapped__("prep")
+    capsys.readouterr()
+
+    def truncated(path):
+        raise OSError(f"{path}: file too short")
+
+    monkeypatch.setattr(torch.ops, "load_library", truncated)
+    assert build.load_library.__wrapped__("prep") == built
+    assert len(calls) == 2 and "JIT-compiling the prep CUDA library" in capsys.readouterr().err
 
 
 def test_aot_library_is_loaded_only_where_its_key_matches(tmp_path, monkeypatch):
@@ -111,6 +136,15 @@ def test_aot_library_is_loaded_only_where_its_key_matches(tmp_path, monkeypatch)
     match = tmp_path / f"{build.aot_module_name('prep', '80')}.cpython-311-x86_64-linux-gnu.so"
     match.write_bytes(b"")
     assert build.load_library.__wrapped__("prep") == str(match) and loaded == [str(match)]
-    monkeypatch.setenv("DDTREE_FORCE_JIT", "1")
-    build.load_library.__wrapped__("prep")
-    assert loaded == [str(match)] and len(jit) == 2
+    monkeypatch.setenv("DDTREE_FORCE_JIT", "1")  # the AOT library ignored: the one JIT-built above, from the cache
+    cached = build.load_library.__wrapped__("prep")
+    assert cached != str(match) and loaded == [str(match), cached] and len(jit) == 1
+
+
+def test_install_and_device_scripts_parse():
+    repo = Path(__file__).resolve().parents[1]
+    for script in ("bench/install_check.sh", "bench/device_validate.sh"):
+        if not (repo / script).is_file():
+            pytest.skip(f"no {script} beside the tests")
+        result = subprocess.run(["bash", "-n", str(repo / script)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr

@@ -5,7 +5,8 @@ import torch
 
 import test_gpu_graphs
 from conftest import needs_cuda
-from gpu_cases import ATTENTION_CASES, EDGE_CASES, PERSISTENT_SCHEDULES, assert_matches_reference, case_id, make_gpu_case, needs_sm90, run_sm90
+from gpu_cases import (ATTENTION_CASES, EDGE_CASES, PERSISTENT_SCHEDULES, assert_matches_reference, case_id, cuda_backends,
+                       make_gpu_case, needs_sm90, run_sm90)
 from ddtree_op import mla_tree_verify
 
 pytestmark = [needs_cuda, needs_sm90]

@@ -20,3 +20,37 @@ def test_split_partials_keep_accuracy():
         assert_matches_reference(out, lse, ref_out, ref_lse)
         errors[splits] = relative_error(out, ref_out)
     assert errors[64] < 1.5 * errors[1] + 2e-4, errors
+
+
+def consecutive_slots(vb, breaks=()):
+    """vb with each request's keys (prefix, then drafts) in one run of consecutive slots, runs
+    starting off any 64-row boundary, so most tiles load as TMA boxes; `breaks` lists
+    (request, key) positions whose slot is swapped with the next key's (that tile gathers)."""
+    import dataclasses
+
+    import torch
+
+    prefix_slots, draft_slots, start = [], [], 5
+    for b, (p, n) in enumerate(zip(vb.prefix_lens, vb.draft_lens)):
+        run = torch.arange(start, start + p + n)
+        for rb, key in breaks:
+            if rb == b:
+                run[[key, key + 1]] = run[[key + 1, key]]
+        prefix_slots.append(run[:p])
+        draft_slots.append(run[p:])
+        start += p + n + 3
+    assert start <= vb.kv_cache.shape[0]
+    dev = vb.kv_indices.device
+    kv_indices = torch.cat(prefix_slots + [torch.zeros(7, dtype=torch.long)]).to(dev, vb.kv_indices.dtype)
+    return dataclasses.replace(vb, kv_indices=kv_indices, out_cache_loc=torch.cat(draft_slots).to(dev, torch.int64))
+
+
+def test_consecutive_slots_load_as_boxes():
+    """Tiles of consecutive slots (TMA boxes), broken runs and tiles that end a request (cp.async)
+    mixed in one segment, both schedules, against the reference."""
+    vb = make_verify_batch([1000, 130, 4096, 0], [16, 64, 4, 7], 16, device="cuda", pad_rows=3, seed=11, extra_slots=512)
+    vb = consecutive_slots(vb, breaks=[(0, 200), (2, 63), (2, 1000)])
+    ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
+    for schedule in ({"schedule": "split", "num_splits": 1}, {"schedule": "split", "num_splits": 5}, {"schedule": "persistent"}):
+        out, lse = run_sm90(vb, **schedule)
+        assert_matches_reference(out, lse, ref_out, ref_lse)

@@ -288,22 +288,56 @@ def test_cuda_prep_matches_cpu(case, layout):
     assert torch.equal(got[2].cpu(), want[2])
 
 
-@needs_cuda
-@pytest.mark.skip(reason="a 1024-request batch stopped the H200 with an illegal instruction in the CUDA preparation "
-                         "(2026-12-01); the entry points refuse batches above contract.CUDA_MAX_BATCH until it is found")
-@pytest.mark.parametrize("batch", [1024, 1025, 3000])  # the one-launch path (<= 1024 requests) and the scan launch first
-def test_cuda_prep_large_batches_match_cpu(batch):
+def _large_paged_batch(batch, seed, heads=1):
     prefix = [(7 * b) % 40 for b in range(batch)]
     drafts = [1 + b % 3 for b in range(batch)]
-    pb = make_paged_batch(prefix, drafts, 1, page_size=16, layout="packed", pad_rows=5, seed=batch)
+    return make_paged_batch(prefix, drafts, heads, page_size=16, layout="packed", pad_rows=5, seed=seed)
+
+
+@needs_cuda
+# Around the one-launch slot lists (<= 1024 requests; above, the scan launch first) and the
+# staged preparation (<= 1023; above, its one-block pass first).
+@pytest.mark.parametrize("batch", [1023, 1024, 1025, 3000, 4096, 65536])
+def test_cuda_prep_large_batches_match_cpu(batch):
+    import ddtree_op
+
+    pb = _large_paged_batch(batch, batch)
     pb.block_table[batch // 2, 0] = -1
     pb.cache_seqlens[batch - 1] = 0
-    want = _prepare(pb)
+    want_status, got_status = ddtree_op.new_status(), ddtree_op.new_status("cuda")
+    rows, pages = pb.q.shape[0], pb.kv_cache.shape[0]
+    want = prepare_paged(pb.block_table, pb.cache_seqlens, pb.qo_indptr, pb.tree_mask, None, "packed", 16, pages, rows, 1,
+                         status=want_status)
     args = [t.cuda() for t in (pb.block_table, pb.cache_seqlens, pb.qo_indptr, pb.tree_mask)]
-    got = prepare_paged(*args, None, "packed", 16, pb.kv_cache.shape[0], pb.q.shape[0], 1)
+    got = prepare_paged(*args, None, "packed", 16, pages, rows, 1, status=got_status)
     end = int(want[0][-1])
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1][:end].cpu(), want[1][:end])
     assert torch.equal(got[2].cpu(), want[2]) and torch.equal(got[3].cpu(), want[3])
+    assert torch.equal(got_status.cpu(), want_status) and ddtree_op.decode_status(want_status)[0][0] == "kv_slot"
+
+
+@needs_cuda
+@pytest.mark.parametrize("batch", [1023, 1024, 1025, 4096])
+def test_paged_step_large_batches_match_reference(batch):
+    """`mla_tree_verify_paged` on CUDA against the CPU reference, with a status: clean, then with a
+    page id out of range in the last request (the same status as the CPU, its key hidden)."""
+    import ddtree_op
+
+    pb = _large_paged_batch(batch, 7, heads=2)
+    for bad in (False, True):
+        if bad:
+            pb.block_table[batch - 1, 0] = pb.kv_cache.shape[0]
+        kw = dict(block_table=pb.block_table, cache_seqlens=pb.cache_seqlens, qo_indptr=pb.qo_indptr, tree_mask=pb.tree_mask,
+                  mask_layout="packed", sm_scale=pb.sm_scale)
+        want_status = ddtree_op.new_status()
+        ref_out, ref_lse = mla_tree_verify_paged(pb.q, pb.kv_cache, **kw, backend="reference", status=want_status)
+        assert bool(want_status[0]) == bad
+        gpu_kw = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        for backend in GPU_BACKENDS:
+            status = ddtree_op.new_status("cuda")
+            out, lse = mla_tree_verify_paged(pb.q.cuda(), pb.kv_cache.cuda(), **gpu_kw, backend=backend, status=status)
+            assert_close_to(out, lse, ref_out.double(), ref_lse.double())
+            assert torch.equal(status.cpu(), want_status), (backend, status.tolist(), want_status.tolist())
 
 
 @needs_cuda
@@ -434,11 +468,20 @@ def test_graph_replay_with_new_tables_lengths_trees_and_scale(backend, kv_dtype)
         assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
 
 
-def test_cuda_batches_above_the_validated_size_are_refused():
-    from ddtree_op.checks import check_cuda_batch
-    from ddtree_op.contract import CUDA_MAX_BATCH
+def test_any_batch_size_passes_the_shape_checks():
+    """No batch cap on any device (the CUDA preparation takes any B); only int32 positions bound
+    qo_indptr's length. Meta tensors: shapes only, no memory."""
+    from ddtree_op.checks import check_verify_shapes
 
-    check_cuda_batch(CUDA_MAX_BATCH, torch.device("cuda"))  # shape-only: no GPU needed
-    check_cuda_batch(CUDA_MAX_BATCH + 1, torch.device("cpu"))
+    def shapes(entries):
+        meta = dict(device="meta")
+        q = torch.empty(8, 1, 576, dtype=torch.bfloat16, **meta)
+        kv = torch.empty(64, 576, dtype=torch.bfloat16, **meta)
+        qo = torch.empty(entries, dtype=torch.int32, **meta)
+        mask = torch.empty(8, dtype=torch.uint8, **meta)
+        check_verify_shapes(q, kv, qo, qo, qo, qo, mask, None, 0.1, "packed")
+
+    for batch in (1023, 1024, 65536, 2**20):
+        shapes(batch + 1)
     with pytest.raises(ValueError, match="qo_indptr"):
-        check_cuda_batch(CUDA_MAX_BATCH + 1, torch.device("cuda"))
+        shapes(2**31)

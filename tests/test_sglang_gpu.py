@@ -23,6 +23,8 @@ from ddtree_op.synthetic import DEEPSEEK_V3_SM_SCALE
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "sglang_verify_metadata.pt"
 pytestmark = needs_cuda
+# "auto" is the sm90 kernel on an H200 (with the CUTLASS headers), the Triton kernel elsewhere.
+BACKENDS = ["auto", "triton"]
 
 
 def load_fixture():
@@ -49,8 +51,9 @@ def rel_err(got, want):
     return float((got.double().cpu() - want).norm() / want.norm())
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_adapter_on_sglang_eager_metadata(dtype):
+def test_adapter_on_sglang_eager_metadata(dtype, backend):
     from ddtree_op.sglang import target_verify_forward
 
     data = load_fixture()
@@ -66,48 +69,64 @@ def test_adapter_on_sglang_eager_metadata(dtype):
         o = target_verify_forward(
             q, pool, v_buffer=pool[..., :512], qo_indptr=m["qo_indptr"], kv_indptr=m["kv_indptr"], kv_indices=m["kv_indices"],
             custom_mask=m["custom_mask"], mask_indptr=m["mask_indptr"], out_cache_loc=m["out_cache_loc"],
-            sm_scale=DEEPSEEK_V3_SM_SCALE, num_draft_tokens=m["max_extend_len"],
+            sm_scale=DEEPSEEK_V3_SM_SCALE, num_draft_tokens=m["max_extend_len"], backend=backend,
         )
         torch.cuda.synchronize()
         assert rel_err(o.view(-1, heads, 512), reference(q, pool, rec, n, heads)) < 1e-2
 
 
-def _import_integration():
-    """ddtree_op.integrations.sglang, with stand-ins for the SGLang names it imports where sglang is absent."""
-    if "sglang" not in sys.modules and importlib.util.find_spec("sglang") is None:
-        class TritonAttnBackend:  # the one parent method the subclass calls on this path
-            def _set_kv_buffer(self, forward_batch, layer, loc_info, k, v):
-                self.token_to_kv_pool.set_kv_buffer(layer, loc_info, k, v)
+@pytest.fixture
+def integration():
+    """ddtree_op.integrations.sglang, with stand-ins for the SGLang names it imports where sglang is
+    absent; the stand-ins (and the module imported over them) are gone again after the test."""
+    if "sglang" in sys.modules or importlib.util.find_spec("sglang") is not None:
+        from ddtree_op.integrations import sglang as integration
 
-        @dataclasses.dataclass
-        class KVWriteLoc:
-            loc: torch.Tensor
-            swa_loc: object = None
-            full_loc: object = None
-            physical: bool = False
+        yield integration
+        return
 
-            @classmethod
-            def for_batch(cls, forward_batch, *, swa_loc=None, full_loc=None):
-                return cls(forward_batch.out_cache_loc, swa_loc, full_loc, forward_batch.out_cache_loc_is_physical)
+    class TritonAttnBackend:  # the one parent method the subclass calls on this path
+        def _set_kv_buffer(self, forward_batch, layer, loc_info, k, v):
+            self.token_to_kv_pool.set_kv_buffer(layer, loc_info, k, v)
 
-        names = {
-            "sglang.srt.configs.model_config": dict(AttentionArch=enum.Enum("AttentionArch", "MLA MHA")),
-            "sglang.srt.layers.attention.attention_registry": dict(ATTENTION_BACKENDS={}),
-            "sglang.srt.layers.attention.triton_backend": dict(TritonAttnBackend=TritonAttnBackend),
-            "sglang.srt.mem_cache.memory_pool": dict(KVWriteLoc=KVWriteLoc),
-        }
-        for package in ["sglang", "sglang.srt", "sglang.srt.configs", "sglang.srt.layers", "sglang.srt.layers.attention",
-                        "sglang.srt.mem_cache"]:
-            sys.modules.setdefault(package, types.ModuleType(package))
-        for name, attrs in names.items():
-            module = types.ModuleType(name)
-            module.__dict__.update(attrs)
-            sys.modules[name] = module
-        sys.modules["sglang.srt.layers.attention"].attention_registry = sys.modules[
-            "sglang.srt.layers.attention.attention_registry"]
-    from ddtree_op.integrations import sglang as integration
+    @dataclasses.dataclass
+    class KVWriteLoc:
+        loc: torch.Tensor
+        swa_loc: object = None
+        full_loc: object = None
+        physical: bool = False
 
-    return integration
+        @classmethod
+        def for_batch(cls, forward_batch, *, swa_loc=None, full_loc=None):
+            return cls(forward_batch.out_cache_loc, swa_loc, full_loc, forward_batch.out_cache_loc_is_physical)
+
+    names = {
+        "sglang.srt.configs.model_config": dict(AttentionArch=enum.Enum("AttentionArch", "MLA MHA")),
+        "sglang.srt.layers.attention.attention_registry": dict(ATTENTION_BACKENDS={}),
+        "sglang.srt.layers.attention.triton_backend": dict(TritonAttnBackend=TritonAttnBackend),
+        "sglang.srt.mem_cache.memory_pool": dict(KVWriteLoc=KVWriteLoc),
+    }
+    packages = ["sglang", "sglang.srt", "sglang.srt.configs", "sglang.srt.layers", "sglang.srt.layers.attention",
+                "sglang.srt.mem_cache"]
+    added = packages + list(names) + ["ddtree_op.integrations.sglang"]
+    for package in packages:
+        sys.modules[package] = types.ModuleType(package)
+    for name, attrs in names.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(attrs)
+        sys.modules[name] = module
+    sys.modules["sglang.srt.layers.attention"].attention_registry = sys.modules[
+        "sglang.srt.layers.attention.attention_registry"]
+    try:
+        from ddtree_op.integrations import sglang as integration
+
+        yield integration
+    finally:  # a later test's find_spec("sglang") must not find the stand-ins
+        for name in added:
+            sys.modules.pop(name, None)
+        import ddtree_op.integrations
+
+        ddtree_op.integrations.__dict__.pop("sglang", None)
 
 
 class MLAPool:
@@ -126,9 +145,9 @@ class MLAPool:
         return self.buffer[..., :512]
 
 
+@pytest.mark.parametrize("op_backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_backend_forward_captured_and_replayed_with_new_trees(dtype):
-    integration = _import_integration()
+def test_backend_forward_captured_and_replayed_with_new_trees(dtype, op_backend, integration):
     data = load_fixture()
     case = data["case"]
     n, heads, graph_bs = case["num_draft"], case["heads"], case["graph_bs"]
@@ -154,7 +173,7 @@ def test_backend_forward_captured_and_replayed_with_new_trees(dtype):
 
     backend = object.__new__(integration.DDTreeTritonAttnBackend)
     backend.__dict__.update(use_mla=True, dcp_size=1, enable_deterministic=False, dllm_attention=None,
-                            token_to_kv_pool=MLAPool(data["pool_rows"], dtype))
+                            token_to_kv_pool=MLAPool(data["pool_rows"], dtype), ddtree_backend=op_backend)
     backend.token_to_kv_pool.buffer.copy_(torch.randn(backend.token_to_kv_pool.buffer.shape, device="cuda", generator=gen).to(dtype))
     backend.forward_metadata = types.SimpleNamespace(
         qo_indptr=static["qo_indptr"], kv_indptr=static["kv_indptr"], kv_indices=static["kv_indices"],

@@ -1,9 +1,13 @@
-// The gather: scattered 576-wide KV rows (by the gather warpgroup, while the two GEMM warpgroups
-// compute) and the q tile (by the GEMM warpgroups, at a segment's start) into 128-byte-swizzled
-// shared memory with 16-byte cp.async. Each 64-column chunk of
-// a KV tile completes on its own mbarrier (so Q K^T starts on the first chunk while the others
-// are in flight), and each part of a stage is refilled as soon as its last reader releases it.
+// The gather: 576-wide KV rows (by the gather warpgroup, while the two GEMM warpgroups compute)
+// and the q tile (by the GEMM warpgroups, at a segment's start) into 128-byte-swizzled shared
+// memory. A tile whose 64 keys have consecutive slots (a page of a paged cache, or a run of
+// slots) is loaded by one thread as nine TMA boxes; any other tile by 16-byte cp.async from all
+// 128 threads. Each 64-column chunk of a KV tile completes on its own mbarrier (so Q K^T starts
+// on the first chunk while the others are in flight), and each part of a stage is refilled as
+// soon as its last reader releases it.
 #pragma once
+
+#include <cuda.h>  // CUtensorMap
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -16,6 +20,41 @@ namespace ddtree::sm90 {
 __device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void* gmem_src, bool valid) {
   const int src_size = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros
   asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(src_size));
+}
+
+// A 64-row x 64-column box of the pool (the tensor map's box, 128-byte swizzle: the cp.async
+// layout) into shared memory, its bytes counted on `mbar`.
+__device__ __forceinline__ void tma_load_box(const CUtensorMap* map, uint32_t smem_dst, uint64_t* mbar, int col, int row) {
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+                   smem_dst),
+               "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar)
+               : "memory");
+}
+
+// Announces `bytes` of TMA data, then `count` arrivals at once (the 128 gather threads' share).
+__device__ __forceinline__ void expect_bytes(uint64_t* mbar, uint32_t bytes) {
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
+  asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void arrive_many(uint64_t* mbar, uint32_t count) {
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// The gather warpgroup's own hardware barrier (CUTLASS's named barriers start at 8; the GEMM
+// warpgroups use 8-12).
+constexpr int kGatherBarrier = 15;
+
+// True in all 128 gather threads when `mine` is true in each; one barrier reduction.
+__device__ __forceinline__ bool warpgroup_all(bool mine) {
+  int all;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.b32 p, %1, 0;\n bar.red.and.pred q, %2, 128, p;\n selp.b32 %0, 1, 0, q;\n}\n"
+      : "=r"(all)
+      : "r"(int(mine)), "n"(kGatherBarrier)
+      : "memory");
+  return all != 0;
 }
 
 // The q tile by the 256 GEMM threads (4 per row), while the gather warpgroup starts on the keys.
@@ -35,53 +74,97 @@ __device__ __forceinline__ void gather_q(uint32_t smem_q, const typename Traits:
   cutlass::arch::cpasync_barrier_arrive_noinc(q_full);
 }
 
-// Which of a tile's 64 keys have a slot (bit k: key k), from the slot each gather thread holds
-// (thread t: key t / 2). Each warp publishes its 16 keys; the reader loads all four at once.
-__device__ __forceinline__ void publish_key_slots(int slot, int wg_thread, uint16_t* key_bits) {
-  uint32_t bits = __ballot_sync(0xffffffff, slot >= 0) & 0x55555555u;  // even lanes: one per key
-  bits = (bits | (bits >> 1)) & 0x33333333u;
-  bits = (bits | (bits >> 2)) & 0x0f0f0f0fu;
-  bits = (bits | (bits >> 4)) & 0x00ff00ffu;
-  bits = (bits | (bits >> 8)) & 0x0000ffffu;
-  if (wg_thread % 32 == 0) key_bits[wg_thread / 32] = static_cast<uint16_t>(bits);
-}
-
-__device__ __forceinline__ uint64_t read_key_slots(const uint16_t* key_bits) {
-  return *reinterpret_cast<const uint64_t*>(key_bits);
-}
-
-// One gather thread's share of a 64-row, 576-column KV tile (Traits::SmemLayoutK): row t / 2, and 16-byte pieces t % 2, +2, +4, +6 of every 64-column chunk,
-// so a warp's instruction reads whole 32-byte sectors. The swizzled byte offsets of the four
-// pieces within a chunk are the same for every chunk (chunk c starts at c * 8 KB).
+// One gather thread's share of a 64-row, 576-column KV tile (Traits::SmemLayoutK): in warp w,
+// lane l copies 16-byte piece l % 8 of rows 16 w + 4 i + l / 8 (i = 0..3) in every 64-column
+// chunk, so each warp instruction reads four whole 128-byte lines (four rows of one chunk): the
+// fewest L1 requests per byte a row gather can make.
 template <class Traits>
 struct GatherThread {
   using Element = typename Traits::Element;
   static constexpr int kPieceElems = 16 / int(sizeof(Element));
   static constexpr int kChunkBytes = Traits::kKeys * Traits::kChunkCols * int(sizeof(Element));
+  static constexpr int kRowsPerThread = 4;
 
-  int row, half;
-  uint32_t piece_offset[4];
+  int first_row, piece;
+  uint32_t row_offset[2];  // swizzled offset of the piece in rows with i even / odd (+1 KB per 2 i)
 
-  __device__ __forceinline__ explicit GatherThread(int wg_thread) : row(wg_thread / 2), half(wg_thread % 2) {
-    const uint32_t row_base = (row / 8) * 1024 + (row % 8) * 128;  // 8-row atoms of 1 KB, 128 B a row
+  __device__ __forceinline__ explicit GatherThread(int wg_thread)
+      : first_row((wg_thread / 32) * 16 + (wg_thread % 32) / 8), piece(wg_thread % 8) {
     CUTE_UNROLL
-    for (int k = 0; k < 4; ++k) piece_offset[k] = row_base + (((half + 2 * k) ^ (row % 8)) * 16);
+    for (int odd = 0; odd < 2; ++odd) {
+      const int row = first_row + 4 * odd;  // 8-row atoms of 1 KB, 128 B a row, pieces XOR the row
+      row_offset[odd] = (row / 8) * 1024 + (row % 8) * 128 + ((piece ^ (row % 8)) * 16);
+    }
   }
 
-  // Chunks [kFirst, kLast) of this thread's row from `src` (zero-filled when !valid), each
-  // chunk's arrival signalled on chunk_full[c] (nullptr: none).
+  __device__ __forceinline__ int row(int i) const { return first_row + 4 * i; }
+
+  // Chunks [kFirst, kLast) of this thread's rows (slot < 0: zero-filled), each chunk's arrival
+  // signalled on chunk_full[c].
   template <int kFirst, int kLast>
-  __device__ __forceinline__ void copy(uint32_t tile, const Element* src, bool valid, uint64_t* chunk_full) const {
+  __device__ __forceinline__ void copy(uint32_t tile, const Element* kv, int64_t kv_stride, const int (&slot)[4],
+                                       uint64_t* chunk_full) const {
     CUTE_UNROLL
     for (int c = kFirst; c < kLast; ++c) {
       CUTE_UNROLL
-      for (int k = 0; k < 4; ++k) {
-        cp_async_16(tile + c * kChunkBytes + piece_offset[k], src + c * Traits::kChunkCols + (half + 2 * k) * kPieceElems, valid);
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        const Element* src = kv + int64_t(slot[i] < 0 ? 0 : slot[i]) * kv_stride + c * Traits::kChunkCols + piece * kPieceElems;
+        cp_async_16(tile + c * kChunkBytes + row_offset[i % 2] + (i / 2) * 1024, src, slot[i] >= 0);
       }
-      if (chunk_full != nullptr) cutlass::arch::cpasync_barrier_arrive_noinc(&chunk_full[c]);
+      cutlass::arch::cpasync_barrier_arrive_noinc(&chunk_full[c]);
     }
   }
+
+  // The same chunks of a consecutive tile (rows [first, first + 64) of the pool) as TMA boxes,
+  // issued by gather thread 0 for the whole warpgroup: its arrival counts for all 128 threads.
+  template <int kFirst, int kLast>
+  __device__ __forceinline__ void load_boxes(uint32_t tile, const CUtensorMap* map, int first, uint64_t* chunk_full,
+                                             int wg_thread) const {
+    if (wg_thread != 0) return;
+    CUTE_UNROLL
+    for (int c = kFirst; c < kLast; ++c) {
+      expect_bytes(&chunk_full[c], kChunkBytes);
+      tma_load_box(map, tile + c * kChunkBytes, &chunk_full[c], c * Traits::kChunkCols, first);
+      arrive_many(&chunk_full[c], 128);
+    }
+  }
+
+  template <int kFirst, int kLast>
+  __device__ __forceinline__ void load(uint32_t tile, const Element* kv, int64_t kv_stride, const int (&slot)[4],
+                                       const CUtensorMap* map, int first, bool boxes, uint64_t* chunk_full,
+                                       int wg_thread) const {
+    if (boxes) {
+      load_boxes<kFirst, kLast>(tile, map, first, chunk_full, wg_thread);
+    } else {
+      copy<kFirst, kLast>(tile, kv, kv_stride, slot, chunk_full);
+    }
+  }
+
+  // Which of the tile's 64 keys have a slot (bit k: key k): each warp publishes the 16 bits of
+  // its rows (lanes 0, 8, 16, 24 hold rows 16 w + 4 i + 0..3); the reader loads all four at once.
+  __device__ __forceinline__ void publish_key_slots(const int (&slot)[4], int wg_thread, uint16_t* key_bits) const {
+    uint32_t bits = 0;
+    CUTE_UNROLL
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const uint32_t b = __ballot_sync(0xffffffff, slot[i] >= 0);
+      bits |= ((b & 1u) | ((b >> 7) & 2u) | ((b >> 14) & 4u) | ((b >> 21) & 8u)) << (4 * i);
+    }
+    if (wg_thread % 32 == 0) key_bits[wg_thread / 32] = static_cast<uint16_t>(bits);
+  }
+
+  // True in all 128 gather threads when every row's slot is first + row (the tile is rows
+  // [first, first + 64) of the pool); one barrier reduction.
+  __device__ __forceinline__ bool all_consecutive(const int (&slot)[4], int first) const {
+    bool mine = first >= 0;
+    CUTE_UNROLL
+    for (int i = 0; i < kRowsPerThread; ++i) mine = mine && slot[i] == first + row(i);
+    return warpgroup_all(mine);
+  }
 };
+
+__device__ __forceinline__ uint64_t read_key_slots(const uint16_t* key_bits) {
+  return *reinterpret_cast<const uint64_t*>(key_bits);
+}
 
 // What the gather needs of a segment.
 template <class Traits>
@@ -89,6 +172,7 @@ struct GatherPlan {
   const typename Traits::Element* kv;
   int64_t kv_stride;
   const int32_t* slots;  // verify_indices of the request's first key
+  const CUtensorMap* kv_map;  // the pool as 64 x 64 boxes, or nullptr: cp.async only
   int kv_begin, kv_end, num_tiles;
 
   __device__ __forceinline__ int slot_of(int tile, int row) const {  // -1 past the range
@@ -104,7 +188,6 @@ template <class Traits>
 __device__ __forceinline__ void gather_segment(const GatherPlan<Traits>& plan, uint32_t smem_k,
                                                typename Traits::SharedState& st, int pairs_done, int wg_thread) {
   using Barrier = cutlass::arch::ClusterBarrier;
-  using Element = typename Traits::Element;
   using State = typename Traits::SharedState;
   constexpr uint32_t kStageBytes = Traits::kSmemK;
   const GatherThread<Traits> g(wg_thread);
@@ -112,31 +195,39 @@ __device__ __forceinline__ void gather_segment(const GatherPlan<Traits>& plan, u
   const bool warp_leader = wg_thread % 32 == 0;
 
   const int num_pairs = (plan.num_tiles + 1) / 2;
-  int slot[2] = {plan.slot_of(0, g.row), plan.slot_of(1, g.row)};
+  int slot[2][4], first[2];
+  auto load_slots = [&](int pair) {  // the pair's slots, loaded while the previous pair lands
+    CUTE_UNROLL
+    for (int t = 0; t < 2; ++t) {
+      CUTE_UNROLL
+      for (int i = 0; i < 4; ++i) slot[t][i] = plan.slot_of(2 * pair + t, g.row(i));
+      first[t] = plan.slot_of(2 * pair + t, 0);
+    }
+  };
+  load_slots(0);
   for (int pair = 0; pair < num_pairs; ++pair) {
     const int global_pair = pairs_done + pair;
     const int released = (global_pair - 1) & 1;  // the phase in which the previous pair was released
     const bool wait = pair > 0;
-    const Element* src0 = plan.kv + int64_t(slot[0] < 0 ? 0 : slot[0]) * plan.kv_stride;
-    const Element* src1 = plan.kv + int64_t(slot[1] < 0 ? 0 : slot[1]) * plan.kv_stride;
+    const bool boxes0 = plan.kv_map != nullptr && g.all_consecutive(slot[0], first[0]);
+    const bool boxes1 = plan.kv_map != nullptr && g.all_consecutive(slot[1], first[1]);
 
     if (wait) Barrier::wait(&st.chunk_empty[State::kStage0Low], released);
-    publish_key_slots(slot[0], wg_thread, st.key_slots[global_pair & 1][0]);
-    g.template copy<0, 4>(stage0, src0, slot[0] >= 0, st.chunk_full[0]);
+    g.publish_key_slots(slot[0], wg_thread, st.key_slots[global_pair & 1][0]);
+    g.template load<0, 4>(stage0, plan.kv, plan.kv_stride, slot[0], plan.kv_map, first[0], boxes0, st.chunk_full[0], wg_thread);
     if (warp_leader) Barrier::arrive(&st.chunk_full[0][0]);  // after this warp's key bits
     if (wait) Barrier::wait(&st.chunk_empty[State::kStage0High], released);
-    g.template copy<4, 9>(stage0, src0, slot[0] >= 0, st.chunk_full[0]);
+    g.template load<4, 9>(stage0, plan.kv, plan.kv_stride, slot[0], plan.kv_map, first[0], boxes0, st.chunk_full[0], wg_thread);
 
     if (wait) Barrier::wait(&st.chunk_empty[State::kStage1Low], released);
-    publish_key_slots(slot[1], wg_thread, st.key_slots[global_pair & 1][1]);
-    g.template copy<0, 4>(stage1, src1, slot[1] >= 0, st.chunk_full[1]);
-    g.template copy<8, 9>(stage1, src1, slot[1] >= 0, st.chunk_full[1]);
+    g.publish_key_slots(slot[1], wg_thread, st.key_slots[global_pair & 1][1]);
+    g.template load<0, 4>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
+    g.template load<8, 9>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
     if (warp_leader) Barrier::arrive(&st.chunk_full[1][0]);
     if (wait) Barrier::wait(&st.chunk_empty[State::kStage1High], released);
-    g.template copy<4, 8>(stage1, src1, slot[1] >= 0, st.chunk_full[1]);
+    g.template load<4, 8>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
 
-    slot[0] = plan.slot_of(2 * pair + 2, g.row);  // the next pair's slots, loaded while this one lands
-    slot[1] = plan.slot_of(2 * pair + 3, g.row);
+    load_slots(pair + 1);
   }
 }
 

@@ -7,12 +7,52 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
+#include <cstdlib>
+#include <string>
+
 #include "verify_attention.cuh"
 
 namespace {
 
 using ddtree::sm90::VerifyParams;
 using ddtree::sm90::VerifyTraits;
+
+// The pool [S, 576] as 64-row x 64-column boxes with the tiles' 128-byte swizzle, so the kernel
+// loads a tile of consecutive slots with TMA. False (cp.async only) where the driver or the
+// layout does not allow it. The driver entry point is looked up once, without linking libcuda.
+bool encode_kv_boxes(CUtensorMap* map, const at::Tensor& kv_cache) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  const int64_t rows = kv_cache.size(0), row_bytes = kv_cache.stride(0) * kv_cache.element_size();
+  if (encode == nullptr || rows < 1 || rows > (int64_t(1) << 32) - 1 || row_bytes % 16 != 0 || row_bytes >= (int64_t(1) << 40)) {
+    return false;
+  }
+  const cuuint64_t dims[2] = {576, static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
+  const cuuint32_t box[2] = {64, 64}, element_strides[2] = {1, 1};
+  const auto type = kv_cache.scalar_type() == at::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode(map, type, 2, kv_cache.data_ptr(), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// DDTREE_SM90_TMA=0 turns the TMA tiles off (every tile by cp.async), for A/B timing.
+bool kv_boxes_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("DDTREE_SM90_TMA");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return enabled;
+}
 
 template <class Element, bool kPersistent>
 void launch(const VerifyParams& params, dim3 grid, cudaStream_t stream) {
@@ -69,6 +109,7 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
   params.q_stride_token = q.stride(0);
   params.q_stride_head = q.stride(1);
   params.kv = kv_cache.data_ptr();
+  params.kv_boxes = kv_boxes_enabled() && encode_kv_boxes(&params.kv_map, kv_cache);
   params.kv_stride = kv_cache.stride(0);
   params.qo_indptr = view_of(qo_indptr);
   params.verify_indptr = verify_indptr.data_ptr<int32_t>();

@@ -30,6 +30,8 @@
 namespace ddtree::sm90 {
 
 struct VerifyParams {
+  CUtensorMap kv_map;  // kv as 64-row x 64-column boxes (tree_attention_sm90.cu); valid if kv_boxes
+  bool kv_boxes;
   const void* q;
   int64_t q_stride_token, q_stride_head;
   const void* kv;
@@ -183,6 +185,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   int pairs_done = 0;  // pairs of earlier segments: every chunk barrier completed one phase per pair
   if (gather_role) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kGatherRegisters>();
+    if (p.kv_boxes && threadIdx.x % 128 == 0) cute::prefetch_tma_descriptor(&p.kv_map);
     for (int segment = 0;; ++segment) {
       const int wg_thread = opaque_if<kPersistent>(static_cast<int>(threadIdx.x)) % 128;
       uint8_t* const smem = opaque_if<kPersistent>(smem_base);
@@ -192,6 +195,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       plan.kv = static_cast<const Element*>(p.kv);
       plan.kv_stride = p.kv_stride;
       plan.slots = p.verify_indices + g.kv_lo;
+      plan.kv_map = p.kv_boxes ? &p.kv_map : nullptr;
       plan.kv_begin = g.kv_begin;
       plan.kv_end = g.kv_end;
       plan.num_tiles = g.num_tiles;

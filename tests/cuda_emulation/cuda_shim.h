@@ -24,6 +24,8 @@ struct EmuBlock {
   std::barrier<>* block_barrier;
   std::vector<std::barrier<>*> warp_barriers;
   int votes[1024];
+  int block_votes[1024];
+  long long lanes[1024];
 };
 inline EmuBlock* g_block = nullptr;
 
@@ -40,6 +42,30 @@ inline unsigned __ballot_sync(unsigned, bool pred) {
   return bits;
 }
 inline bool __all_sync(unsigned m, bool pred) { return __ballot_sync(m, pred) == 0xffffffffu; }
+inline int __syncthreads_or(int pred) {
+  g_block->block_votes[threadIdx.x] = pred;
+  g_block->block_barrier->arrive_and_wait();
+  int any = 0;
+  for (unsigned t = 0; t < blockDim.x; ++t) any |= g_block->block_votes[t] != 0;
+  g_block->block_barrier->arrive_and_wait();
+  return any;
+}
+// Lane `source(lane)`'s value (its own where the source is outside the warp).
+template <class T, class Source>
+inline T emu_shuffle(T v, Source source) {
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
+  auto* bar = g_block->warp_barriers[warp];
+  g_block->lanes[t] = static_cast<long long>(v);
+  bar->arrive_and_wait();
+  const int from = source(lane);
+  const T got = from >= 0 && from < 32 ? static_cast<T>(g_block->lanes[warp * 32 + from]) : v;
+  bar->arrive_and_wait();
+  return got;
+}
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int mask) { return emu_shuffle(v, [&](int lane) { return lane ^ mask; }); }
+template <class T> inline T __shfl_up_sync(unsigned, T v, unsigned delta) {
+  return emu_shuffle(v, [&](int lane) { return lane - static_cast<int>(delta); });
+}
 inline int __ffs(int x) { return __builtin_ffs(x); }
 template <class T> inline T atomicMin(T* p, T v) { std::atomic_ref<T> a(*p); T o = a.load(); while (v < o && !a.compare_exchange_weak(o, v)) {} return o; }
 template <class T> inline T atomicMax(T* p, T v) { std::atomic_ref<T> a(*p); T o = a.load(); while (v > o && !a.compare_exchange_weak(o, v)) {} return o; }

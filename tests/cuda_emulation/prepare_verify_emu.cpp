@@ -1,5 +1,7 @@
 // The fused preparation kernel (cutlass_kernels/verify_prep.cu: its host side and kernel body, over
-// CPU tensors) built for the host against the real headers, launched through cuda_shim.h.
+// CPU tensors) built for the host against the real headers, launched through cuda_shim.h. Batches
+// above kSharedBatch run the unstaged pass first, as on the GPU; `force_unstaged` takes that path
+// for any batch, so that both paths can be compared on the same inputs.
 #include "cuda_shim.h"
 #include <torch/extension.h>
 #include "tree_mask.cuh"
@@ -10,7 +12,7 @@
 std::vector<at::Tensor> prepare_verify_emu(at::Tensor qo_indptr, at::Tensor kv_indptr, at::Tensor kv_indices,
                                            at::Tensor out_cache_loc, at::Tensor tree_mask, c10::optional<at::Tensor> mask_indptr,
                                            std::string layout_s, int64_t num_rows, int64_t words_per_row, int64_t num_slots,
-                                           int64_t max_draft_len, c10::optional<at::Tensor> status) {
+                                           int64_t max_draft_len, c10::optional<at::Tensor> status, bool force_unstaged) {
   constexpr int kThreads = 256;
   c10::string_view layout(layout_s);
   const int batch = static_cast<int>(qo_indptr.numel() - 1);
@@ -24,29 +26,56 @@ std::vector<at::Tensor> prepare_verify_emu(at::Tensor qo_indptr, at::Tensor kv_i
   at::Tensor words = at::empty({num_rows, words_per_row}, qo_indptr.options().dtype(at::kLong));
   const bool has_mi = mask_indptr.has_value();
   TreeMaskArgs mask{static_cast<const uint8_t*>(tree_mask.data_ptr()), tree_mask.numel(), static_cast<int>(tree_mask.element_size()),
-                    has_mi ? view_of(*mask_indptr) : view_of(qo_indptr), has_mi, view_of(qo_indptr), view_of(kv_indptr), batch, kind,
+                    has_mi ? view_of(*mask_indptr) : view_of(qo_indptr), has_mi, nullptr, batch, kind,
                     num_rows, static_cast<int>(words_per_row), words.data_ptr<int64_t>()};
   const int packed_width = packed_mask_width(tree_mask, layout);
   const auto reads = packed_width == 0 ? mask_indptr : c10::optional<at::Tensor>();
   const ddtree::BatchLimits limits = ddtree::make_batch_limits(qo_indptr, kv_indptr, reads, num_rows, out_cache_loc.numel(),
                                                                kv_indices.numel(), 64 * words_per_row, max_draft_len, packed_width);
-  ddtree::StatusView sv{status.has_value() ? status->data_ptr<int32_t>() : nullptr};
+  const ddtree::StatusView sv = ddtree::make_status_view(status.has_value() ? status->data_ptr<int32_t>() : nullptr);
   const ddtree::StatusInputs inputs{view_of(qo_indptr), view_of(kv_indptr), view_of(kv_indices), view_of(out_cache_loc),
                                     limits.mask_indptr, limits.has_mask_indptr, tree_mask.numel()};
   const int64_t index_blocks = (index.num_threads() + kThreads - 1) / kThreads;
   const int64_t mask_blocks = (mask.num_words() * 32 + kThreads - 1) / kThreads;
   const int ib = static_cast<int>(index_blocks);
-  emu_launch(static_cast<int>(index_blocks + mask_blocks), kThreads, [&] {
-    const int block = static_cast<int>(blockIdx.x);
-    const ddtree::SanitizedBatch b = ddtree::sanitize_batch(limits, sv, block == 0);
-    if (block < ib) {
-      build_verify_index(index, b, sv, static_cast<int64_t>(block) * blockDim.x + threadIdx.x);
-    } else {
-      const int64_t thread = static_cast<int64_t>(block - ib) * blockDim.x + threadIdx.x;
-      convert_tree_mask_word(mask, b, sv, thread / 32, threadIdx.x % 32);
-    }
-    ddtree::finish_status(sv, inputs);
-  });
+  const int grid = static_cast<int>(index_blocks + mask_blocks);
+  if (batch <= ddtree::kSharedBatch && !force_unstaged) {
+    emu_launch(grid, kThreads, [&] {
+      const int block = static_cast<int>(blockIdx.x);
+      ddtree::StatusRecorder rec(sv);
+      const auto b = ddtree::sanitize_staged(limits, rec, block == 0);
+      if (block < ib) {
+        build_verify_index(index, b, rec, static_cast<int64_t>(block) * blockDim.x + threadIdx.x);
+      } else {
+        const int64_t thread = static_cast<int64_t>(block - ib) * blockDim.x + threadIdx.x;
+        convert_tree_mask_word(mask, b, rec, thread / 32, threadIdx.x % 32);
+      }
+      ddtree::finish_status(rec, inputs);
+    });
+  } else {
+    ddtree::IndptrBounds bounds{};
+    at::Tensor starts = layout == "qlen" && !has_mi ? at::empty({batch}, qo_indptr.options().dtype(at::kLong)) : at::Tensor();
+    int64_t* starts_ptr = starts.defined() ? starts.data_ptr<int64_t>() : nullptr;
+    // Fewer threads than the GPU's kSanitizeThreads, so that small batches take several rounds
+    // of its loops (entries, scan tiles) and its reduction spans several warps.
+    constexpr int kEmuSanitizeThreads = 64;
+    emu_launch(1, kEmuSanitizeThreads, [&] {
+      ddtree::sanitize_indptrs_kernel<kEmuSanitizeThreads>(limits, sv, &bounds, starts_ptr);
+    });
+    mask.qlen_start = starts_ptr;
+    emu_launch(grid, kThreads, [&] {
+      const int block = static_cast<int>(blockIdx.x);
+      ddtree::StatusRecorder rec(sv);
+      const auto b = ddtree::sanitized_from(limits, &bounds);
+      if (block < ib) {
+        build_verify_index(index, b, rec, static_cast<int64_t>(block) * blockDim.x + threadIdx.x);
+      } else {
+        const int64_t thread = static_cast<int64_t>(block - ib) * blockDim.x + threadIdx.x;
+        convert_tree_mask_word(mask, b, rec, thread / 32, threadIdx.x % 32);
+      }
+      ddtree::finish_status(rec, inputs);
+    });
+  }
   return {verify_indptr, verify_indices, words, qo_out};
 }
 
