@@ -102,6 +102,7 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
   if (threadIdx.x == 0) s_longest = 0;
   __syncthreads();
   const int64_t entry = int64_t(plan_block) * kThreads + threadIdx.x;
+  const int64_t last_entry = int64_t(plan_block + 1) * kThreads - 1;
   auto work = [&](int b, int64_t& blocks, int64_t& units) {
     const int64_t drafts = batch.num_draft(b), keys = batch.keys_before(b + 1) - batch.keys_before(b);
     blocks = ((drafts > 0 ? drafts : 0) * a.heads + kRowsPerBlock - 1) / kRowsPerBlock;
@@ -150,6 +151,8 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
     blocks_before += chunk_blocks;
     items_before += chunk_items;
     __syncthreads();  // the chunk's shared entries are read before the next chunk writes them
+    // Every entry of this block is written: only block 0 (the header) needs the totals.
+    if (plan_block != 0 && blocks_before > last_entry) break;
   }
   const int64_t row_blocks = blocks_before < a.capacity ? blocks_before : a.capacity;
   if (entry < a.capacity && entry >= row_blocks) {
