@@ -26,6 +26,7 @@ __device__ __forceinline__ int planned_row_blocks(const PlanView& plan, int head
 // another schedule, in which case the CTA has no segment).
 struct CtaPlan {
   PlanView plan;
+  int ctas, splits;
   bool equal_shares;
   bool defer_first;  // the first segment is cut at its start and goes last
   int row_blocks, first;
@@ -33,7 +34,7 @@ struct CtaPlan {
 };
 
 __device__ __forceinline__ CtaPlan read_cta_plan(const PlanView& plan, int heads, int ctas, int splits, int cta) {
-  CtaPlan c{plan, false, false, 0, -1, 0, 0};
+  CtaPlan c{plan, ctas, splits, false, false, 0, -1, 0, 0};
   if (plan.header(kPlanHeads) != heads || plan.header(kPlanCtas) != ctas || plan.header(kPlanSplits) != splits) return c;
   c.row_blocks = static_cast<int>(plan.header(kPlanRowBlocks));
   c.equal_shares = plan.header(kPlanEqualShares) != 0;
@@ -57,8 +58,9 @@ __device__ __forceinline__ CtaPlan read_cta_plan(const PlanView& plan, int heads
 }
 
 // Segment k, in processing order, of CTA `cta`; false when it has no more.
-__device__ __forceinline__ bool plan_segment(const CtaPlan& c, int ctas, int splits, int cta, int k, Segment& seg) {
+__device__ __forceinline__ bool plan_segment(const CtaPlan& c, int cta, int k, Segment& seg) {
   const PlanView& plan = c.plan;
+  const int ctas = c.ctas, splits = c.splits;
   if (!c.equal_shares) {  // pieces: CTA c takes pieces c, c + ctas, ... (32-bit: 64-bit divisions spill)
     const int piece = cta + k * ctas;
     if (piece >= c.row_blocks * splits) return false;

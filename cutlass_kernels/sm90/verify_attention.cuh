@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     for (int64_t r = padding_begin + int64_t(block) * kRows; r < int64_t(p.num_tokens) * p.heads; r += int64_t(ctas) * kRows) {
       zero_padding_block(r);
     }
-    if (!plan_segment(cta_plan, ctas, p.num_splits, block, 0, seg)) return;
+    if (!plan_segment(cta_plan, block, 0, seg)) return;
   } else {
     // The row block's entry is loaded with the header (one round trip); the grid has one block
     // more than the plan has entries.
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       if constexpr (!kPersistent) {
         break;
       } else {
-        if (!plan_segment(s_cta_plan, ctas, p.num_splits, block, segment + 1, seg)) break;
+        if (!plan_segment(s_cta_plan, block, segment + 1, seg)) break;
       }
     }
     return;
@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     if constexpr (!kPersistent) {
       break;
     } else {
-      if (!plan_segment(s_cta_plan, ctas, p.num_splits, block, segment + 1, seg)) break;
+      if (!plan_segment(s_cta_plan, block, segment + 1, seg)) break;
     }
   }
 }
