@@ -195,15 +195,14 @@ class Inputs:
         """The attention op alone over the paged batch's slot lists (prepared once, as for the
         slot backends): the kernel on FlashMLA's pages, beside FlashMLA itself."""
         from ddtree_op.api import mask_words_per_row
-        from ddtree_op.paged import prepare_paged
+        from ddtree_op.paged import _check_paged_shapes, prepare_paged
 
         pb = self.paged_batch()
-        pages = pb.kv_cache.select(2, 0) if pb.kv_cache.dim() == 4 else pb.kv_cache
-        pool = pages.flatten(0, 1)
+        pool = _check_paged_shapes(pb.q, pb.kv_cache, pb.block_table, pb.cache_seqlens, pb.qo_indptr)  # the pages' rows
         words = mask_words_per_row(pb.tree_mask, pb.mask_layout, self.rows, self.max_draft)
         verify_indptr, verify_indices, mask_words, qo = prepare_paged(
-            pb.block_table, pb.cache_seqlens, pb.qo_indptr, pb.tree_mask, pb.mask_indptr, pb.mask_layout, pages.shape[1],
-            pages.shape[0], self.rows, words, self.max_draft)
+            pb.block_table, pb.cache_seqlens, pb.qo_indptr, pb.tree_mask, pb.mask_indptr, pb.mask_layout, pb.kv_cache.shape[1],
+            pb.kv_cache.shape[0], self.rows, words, self.max_draft)
         return lambda: ops.tree_attention_into(pb.q, pool, qo, verify_indptr, verify_indices, mask_words, pb.sm_scale, self.out,
                                                self.lse, backend)
 

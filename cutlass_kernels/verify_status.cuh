@@ -154,10 +154,25 @@ struct SanitizedBatch {
     if (b <= first_void) return (b < k_kv ? raw_kv(b) - kv0 : 0) + qo_at(b);
     return keys_at_void + qo_at(b) - qo_at(first_void);
   }
-  // first_void, kv0 and keys_at_void from k_qo and k_kv.
-  __device__ __forceinline__ void derive() {
+  // The batch over a's indptrs whose first bad entries are k_qo and k_kv (staged: their clamped
+  // copies s_qo, s_kv in shared memory), with first_void; kv0 and keys_at_void come from derive
+  // or from the unstaged pass.
+  __device__ __forceinline__ static SanitizedBatch over(const BatchLimits& a, const int32_t* s_qo, const int32_t* s_kv,
+                                                         int k_qo, int k_kv) {
+    SanitizedBatch s;
+    s.s_qo = s_qo;
+    s.s_kv = s_kv;
+    s.qo = a.qo;
+    s.kv = a.kv;
+    s.batch = a.batch;
+    s.k_qo = k_qo;
+    s.k_kv = k_kv;
     const int trusted = k_qo < k_kv ? k_qo : k_kv;
-    first_void = trusted > 0 ? trusted - 1 : 0;
+    s.first_void = trusted > 0 ? trusted - 1 : 0;
+    return s;
+  }
+  // kv0 and keys_at_void from the indptrs.
+  __device__ __forceinline__ void derive() {
     kv0 = k_kv > 0 ? raw_kv(0) : 0;
     keys_at_void = 0;
     keys_at_void = keys_before(first_void);  // the first branch of keys_before
@@ -221,31 +236,16 @@ __device__ __forceinline__ SanitizedBatch<true> sanitize_staged(const BatchLimit
     if (first_k < entries) atomicMin(&s_k_kv, first_k);
     __syncthreads();
   }
-  SanitizedBatch<true> s;
-  s.s_qo = s_qo;
-  s.s_kv = s_kv;
-  s.qo = a.qo;
-  s.kv = a.kv;
-  s.batch = a.batch;
-  s.k_qo = s_k_qo;
-  s.k_kv = s_k_kv;
+  SanitizedBatch<true> s = SanitizedBatch<true>::over(a, s_qo, s_kv, s_k_qo, s_k_kv);
   s.derive();
   return s;
 }
 
 // The unstaged batch, from what sanitize_indptrs_kernel left (read by every thread: one load).
 __device__ __forceinline__ SanitizedBatch<false> sanitized_from(const BatchLimits& a, const IndptrBounds* bounds) {
-  SanitizedBatch<false> s;
-  s.s_qo = nullptr;
-  s.s_kv = nullptr;
-  s.qo = a.qo;
-  s.kv = a.kv;
-  s.batch = a.batch;
   const IndptrBounds d = *bounds;
-  s.k_qo = static_cast<int>(d.k_qo);
-  s.k_kv = static_cast<int>(d.k_kv);
-  const int trusted = s.k_qo < s.k_kv ? s.k_qo : s.k_kv;
-  s.first_void = trusted > 0 ? trusted - 1 : 0;
+  SanitizedBatch<false> s =
+      SanitizedBatch<false>::over(a, nullptr, nullptr, static_cast<int>(d.k_qo), static_cast<int>(d.k_kv));
   s.kv0 = d.kv0;
   s.keys_at_void = d.keys_at_void;
   return s;
@@ -307,14 +307,7 @@ __global__ void __launch_bounds__(kThreads) sanitize_indptrs_kernel(BatchLimits 
     first_q = s_first[0][w] < first_q ? s_first[0][w] : first_q;
     first_k = s_first[1][w] < first_k ? s_first[1][w] : first_k;
   }
-  SanitizedBatch<false> s;
-  s.s_qo = nullptr;
-  s.s_kv = nullptr;
-  s.qo = a.qo;
-  s.kv = a.kv;
-  s.batch = a.batch;
-  s.k_qo = first_q;
-  s.k_kv = first_k;
+  SanitizedBatch<false> s = SanitizedBatch<false>::over(a, nullptr, nullptr, first_q, first_k);
   if (threadIdx.x == 0) {
     s.derive();
     *out = IndptrBounds{s.k_qo, s.k_kv, s.kv0, s.keys_at_void};

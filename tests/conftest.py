@@ -1,3 +1,8 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -20,6 +25,20 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.double(), ref.double()
     return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def run_interpreter_script(name: str) -> None:
+    """Runs tests/<name> (a script of Triton-interpreter cases) in a fresh process with the
+    checkout first on the path; it must end with "interpreter: all cases match"."""
+    pytest.importorskip("triton", reason="triton is not installed: the interpreter check needs it")
+    numpy = pytest.importorskip("numpy")
+    if tuple(int(x) for x in numpy.__version__.split(".")[:2]) >= (2, 4):
+        pytest.skip("Triton 3.6's interpreter fails on numpy >= 2.4 (size-1 arrays as loop bounds)")
+    script = Path(__file__).with_name(name)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(script.parents[1]), os.environ.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "interpreter: all cases match" in result.stdout
 
 
 def brute_force_verify(vb) -> tuple[torch.Tensor, torch.Tensor]:

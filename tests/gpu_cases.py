@@ -132,3 +132,17 @@ def run_sm90(vb, **schedule):
     tree_attention_sm90(vb.q, kv_rows(vb.kv_cache), qo_indptr, verify_indptr, verify_indices, mask_words, vb.sm_scale,
                         out, lse, plan=plan, **schedule)
     return out, lse
+
+
+def capture(fn):
+    """A CUDA graph of fn(), after one warm-up call on a side stream (loads libraries, compiles
+    kernels, as a serving engine's warm-up does): (graph, what the captured call returned)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = fn()
+    return graph, result

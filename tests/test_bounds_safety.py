@@ -277,14 +277,9 @@ def test_status_in_replayed_cuda_graph(backend):
         ddtree_op.mla_tree_verify(vb.q, vb.kv_cache, **buffers, sm_scale=sm_scale, mask_layout="full", out=out, lse=lse,
                                   backend=backend, status=status)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    from gpu_cases import capture
+
+    graph, _ = capture(step)
     ref_out, _ = brute_force_verify(vb)
     good = {k: v.clone() for k, v in buffers.items()}
     for bad_name, index, value, kind in [("kv_indices", 1, 2**31 - 1, "kv_slot"), ("qo_indptr", 3, 10**6, "qo_rows"),

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import needs_cuda, relative_error
-from gpu_cases import assert_matches_reference, cuda_backends
+from gpu_cases import assert_matches_reference, capture, cuda_backends
 from ddtree_op import mla_tree_verify, ops
 from ddtree_op.synthetic import make_verify_batch
 
@@ -39,18 +39,6 @@ class StaticBuffers:
         return dict(qo_indptr=self.qo_indptr, kv_indptr=self.kv_indptr, kv_indices=self.kv_indices,
                     out_cache_loc=self.out_cache_loc, tree_mask=self.tree_mask, mask_indptr=self.mask_indptr,
                     sm_scale=sm_scale)
-
-
-def capture(fn):
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # warm-up off the capture (loads libraries, compiles kernels)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        result = fn()
-    return graph, result
 
 
 def test_prep_ops_replay_in_cuda_graph():

@@ -204,14 +204,9 @@ def test_large_batch_status_in_replayed_cuda_graph():
     def step():
         ddtree_op.mla_tree_verify(q, kv_cache, **buffers, out=out, lse=lse, status=status)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    from gpu_cases import capture
+
+    graph, _ = capture(step)
     for name, index, value, kind in [("kv_indptr", batch - 5, 0, "kv_order"), ("out_cache_loc", 3000, -1, "draft_slot"),
                                      ("qo_indptr", batch, 10**6, "qo_rows")]:
         graph.replay()

@@ -86,14 +86,13 @@ struct GatherThread {
   static constexpr int kRowsPerThread = 4;
 
   int first_row, piece;
-  uint32_t row_offset[2];  // swizzled offset of the piece in rows with i even / odd (+1 KB per 2 i)
+  uint32_t row_offset[2];  // the piece's swizzled offset in rows with i even / odd (+1 KB per 2 i)
 
   __device__ __forceinline__ explicit GatherThread(int wg_thread)
       : first_row((wg_thread / 32) * 16 + (wg_thread % 32) / 8), piece(wg_thread % 8) {
     CUTE_UNROLL
-    for (int odd = 0; odd < 2; ++odd) {
-      const int row = first_row + 4 * odd;  // 8-row atoms of 1 KB, 128 B a row, pieces XOR the row
-      row_offset[odd] = (row / 8) * 1024 + (row % 8) * 128 + ((piece ^ (row % 8)) * 16);
+    for (int odd = 0; odd < 2; ++odd) {  // a 64-column chunk has the 64 x 64 layout of traits.cuh
+      row_offset[odd] = p_tile_byte_offset(first_row + 4 * odd, piece * kPieceElems);
     }
   }
 

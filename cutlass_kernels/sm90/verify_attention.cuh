@@ -301,6 +301,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     if constexpr (!kPersistent) {
       break;
     } else {
+      // The epilogue's staging stores (generic proxy) over stage 0 before the next segment's TMA
+      // boxes (async proxy) write it; the segment's __syncthreads orders the two.
+      cutlass::arch::fence_view_async_shared();
       if (!plan_segment(s_cta_plan, block, segment + 1, seg)) break;
     }
   }

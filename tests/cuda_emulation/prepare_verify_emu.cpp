@@ -39,11 +39,12 @@ std::vector<at::Tensor> prepare_verify_emu(at::Tensor qo_indptr, at::Tensor kv_i
   const int64_t mask_blocks = (mask.num_words() * 32 + kThreads - 1) / kThreads;
   const int ib = static_cast<int>(index_blocks);
   const int grid = static_cast<int>(index_blocks + mask_blocks);
-  if (batch <= ddtree::kSharedBatch && !force_unstaged) {
+  // prepare_verify_kernel's body, with the batch from `sanitized(recorder, block)`.
+  auto launch_prepare = [&](auto sanitized) {
     emu_launch(grid, kThreads, [&] {
       const int block = static_cast<int>(blockIdx.x);
       ddtree::StatusRecorder rec(sv);
-      const auto b = ddtree::sanitize_staged(limits, rec, block == 0);
+      const auto b = sanitized(rec, block);
       if (block < ib) {
         build_verify_index(index, b, rec, static_cast<int64_t>(block) * blockDim.x + threadIdx.x);
       } else {
@@ -52,6 +53,9 @@ std::vector<at::Tensor> prepare_verify_emu(at::Tensor qo_indptr, at::Tensor kv_i
       }
       ddtree::finish_status(rec, inputs);
     });
+  };
+  if (batch <= ddtree::kSharedBatch && !force_unstaged) {
+    launch_prepare([&](ddtree::StatusRecorder& rec, int block) { return ddtree::sanitize_staged(limits, rec, block == 0); });
   } else {
     ddtree::IndptrBounds bounds{};
     at::Tensor starts = layout == "qlen" && !has_mi ? at::empty({batch}, qo_indptr.options().dtype(at::kLong)) : at::Tensor();
@@ -63,18 +67,7 @@ std::vector<at::Tensor> prepare_verify_emu(at::Tensor qo_indptr, at::Tensor kv_i
       ddtree::sanitize_indptrs_kernel<kEmuSanitizeThreads>(limits, sv, &bounds, starts_ptr);
     });
     mask.qlen_start = starts_ptr;
-    emu_launch(grid, kThreads, [&] {
-      const int block = static_cast<int>(blockIdx.x);
-      ddtree::StatusRecorder rec(sv);
-      const auto b = ddtree::sanitized_from(limits, &bounds);
-      if (block < ib) {
-        build_verify_index(index, b, rec, static_cast<int64_t>(block) * blockDim.x + threadIdx.x);
-      } else {
-        const int64_t thread = static_cast<int64_t>(block - ib) * blockDim.x + threadIdx.x;
-        convert_tree_mask_word(mask, b, rec, thread / 32, threadIdx.x % 32);
-      }
-      ddtree::finish_status(rec, inputs);
-    });
+    launch_prepare([&](ddtree::StatusRecorder&, int) { return ddtree::sanitized_from(limits, &bounds); });
   }
   return {verify_indptr, verify_indices, words, qo_out};
 }
