@@ -26,6 +26,24 @@ constexpr int kSm90MaxSplits = 128;
 constexpr int kCutCostUnits = 8;
 constexpr int kPartialSlotsPerCta = 2;
 
+// The schedule plan (int64; layout and meaning: verify_plan.cuh): kPlanHeader entries, then
+// kPlanFields arrays of one entry per row block.
+constexpr int kPlanHeader = 8;
+constexpr int kPlanFields = 4;
+// Header entries.
+constexpr int kPlanEqualShares = 0;
+constexpr int kPlanRowBlocks = 1;
+constexpr int kPlanItems = 2;
+constexpr int kPlanUsed = 3;
+constexpr int kPlanHeads = 4;
+constexpr int kPlanCtas = 5;
+constexpr int kPlanSplits = 6;
+// Fields of a row block.
+constexpr int kPlanRequest = 0;
+constexpr int kPlanBlock = 1;
+constexpr int kPlanUnits = 2;
+constexpr int kPlanFirstItem = 3;
+
 // Compact mask: one bit per draft column, kMaskWordBits per int64 word. A packed mask holds at
 // most kMaxPackedMaskBits drafts (its widest dtype, int64).
 constexpr int kMaskWordBits = 64;

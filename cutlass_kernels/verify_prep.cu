@@ -3,7 +3,9 @@
 // (tree_mask.cuh, a warp per word). Every block first sanitizes the batch (verify_status.cuh:
 // staged indptrs and one block vote, block 0 recording the indptr faults; above kSharedBatch
 // requests a one-block pass launched first does that once), and the last block to finish
-// publishes the optional status. On the current stream, no host reads: capturable in CUDA graphs.
+// publishes the optional status. Where a plan is asked for, the first plan.blocks blocks write the
+// schedule plan of the sanitized batch instead (verify_plan.cuh; first, so that they run in the
+// first wave). On the current stream, no host reads: capturable in CUDA graphs.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -12,6 +14,7 @@
 
 #include "tree_mask.cuh"
 #include "verify_indices.cuh"
+#include "verify_plan.cuh"
 #include "verify_status.cuh"
 
 namespace {
@@ -23,17 +26,21 @@ constexpr int kThreads = 256;
 template <bool kStaged>
 __global__ void __launch_bounds__(kThreads) prepare_verify_kernel(ddtree::BatchLimits limits, const ddtree::IndptrBounds* bounds,
                                                                   VerifyIndexArgs index, int index_blocks, TreeMaskArgs mask,
-                                                                  ddtree::StatusView view, ddtree::StatusInputs inputs) {
+                                                                  ddtree::StatusView view, ddtree::StatusInputs inputs,
+                                                                  ddtree::PlanArgs plan) {
   const int block = static_cast<int>(blockIdx.x);
   ddtree::StatusRecorder status(view);
   const auto batch = [&] {
     if constexpr (kStaged) return ddtree::sanitize_staged(limits, status, block == 0);
     else return ddtree::sanitized_from(limits, bounds);
   }();
-  if (block < index_blocks) {  // block-uniform, so the mask warps below stay whole for their ballots
-    build_verify_index(index, batch, status, static_cast<int64_t>(block) * blockDim.x + threadIdx.x);
+  const int work_block = block - plan.blocks;
+  if (work_block < 0) {
+    ddtree::build_verify_plan<kThreads>(plan, batch, block);
+  } else if (work_block < index_blocks) {  // block-uniform, so the mask warps below stay whole for their ballots
+    build_verify_index(index, batch, status, static_cast<int64_t>(work_block) * blockDim.x + threadIdx.x);
   } else {
-    const int64_t thread = static_cast<int64_t>(block - index_blocks) * blockDim.x + threadIdx.x;
+    const int64_t thread = static_cast<int64_t>(work_block - index_blocks) * blockDim.x + threadIdx.x;
     convert_tree_mask_word(mask, batch, status, thread / 32, threadIdx.x % 32);
   }
   ddtree::finish_status(status, inputs);
@@ -43,7 +50,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> prepare_verify_cuda(
     const at::Tensor& qo_indptr, const at::Tensor& kv_indptr, const at::Tensor& kv_indices,
     const at::Tensor& out_cache_loc, const at::Tensor& tree_mask, const c10::optional<at::Tensor>& mask_indptr,
     c10::string_view layout, int64_t num_rows, int64_t words_per_row, int64_t num_slots, int64_t max_draft_len,
-    const c10::optional<at::Tensor>& status) {
+    const c10::optional<at::Tensor>& status, const c10::optional<at::Tensor>& plan, int64_t heads, int64_t plan_ctas,
+    int64_t plan_splits) {
   const c10::cuda::CUDAGuard guard(qo_indptr.device());
   auto [index, verify_indptr, verify_indices] =
       make_verify_index_args(qo_indptr, kv_indptr, kv_indices, out_cache_loc, num_slots);
@@ -68,20 +76,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> prepare_verify_cuda(
                                     limits.mask_indptr, limits.has_mask_indptr, tree_mask.numel()};
   const int64_t index_blocks = (index.num_threads() + kThreads - 1) / kThreads;
   const int64_t mask_blocks = (mask.num_words() * 32 + kThreads - 1) / kThreads;
-  const int64_t blocks = index_blocks + mask_blocks;
+  const ddtree::PlanArgs plan_args =
+      ddtree::make_verify_plan_args(plan, qo_indptr.device(), num_rows, heads, limits.batch, plan_ctas, plan_splits, kThreads);
+  const int64_t blocks = plan_args.blocks + index_blocks + mask_blocks;
   TORCH_CHECK(blocks <= INT32_MAX, "ddtree_op: the preparation of ", num_rows, " rows and ", index.total,
               " positions needs more than 2^31 - 1 blocks");
   const auto stream = c10::cuda::getCurrentCUDAStream();
   if (limits.batch <= ddtree::kSharedBatch) {
     prepare_verify_kernel<true><<<static_cast<int>(blocks), kThreads, 0, stream>>>(
-        limits, nullptr, index, static_cast<int>(index_blocks), mask, status_view, inputs);
+        limits, nullptr, index, static_cast<int>(index_blocks), mask, status_view, inputs, plan_args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   } else {
     auto [bounds, qlen_start] = ddtree::launch_sanitize_indptrs(qo_indptr, limits, status_view, layout == "qlen" && !mask.has_mask_indptr, stream);
     mask.qlen_start = qlen_start.defined() ? qlen_start.data_ptr<int64_t>() : nullptr;
     prepare_verify_kernel<false><<<static_cast<int>(blocks), kThreads, 0, stream>>>(
         limits, reinterpret_cast<const ddtree::IndptrBounds*>(bounds.data_ptr<int64_t>()), index,
-        static_cast<int>(index_blocks), mask, status_view, inputs);
+        static_cast<int>(index_blocks), mask, status_view, inputs, plan_args);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   return {verify_indptr, verify_indices, words, qo_out};

@@ -28,6 +28,35 @@ SM90_MAX_SPLITS = 128
 CUT_COST_UNITS = 8
 PARTIAL_SLOTS_PER_CTA = 2  # a persistent CTA's first and last segment
 
+# The schedule plan (int64), made by the preparation from the sanitized batch and read by the
+# sm90 kernels and the persistent combine: PLAN_HEADER entries, then PLAN_FIELDS arrays of one
+# entry per row block, `plan_capacity` entries each (cutlass_kernels/verify_plan.cuh).
+PLAN_HEADER = 8
+PLAN_FIELDS = 4
+# Header entries: the choice (1: equal shares, 0: pieces), the row blocks and items (row block,
+# unit) of all requests, the CTAs with an equal share, and the schedule it was made for.
+PLAN_EQUAL_SHARES = 0
+PLAN_ROW_BLOCKS = 1
+PLAN_ITEMS = 2
+PLAN_USED = 3
+PLAN_HEADS = 4
+PLAN_CTAS = 5
+PLAN_SPLITS = 6
+# Fields of a row block: its request, its block within the request, its units, its first item.
+PLAN_REQUEST = 0
+PLAN_BLOCK = 1
+PLAN_UNITS = 2
+PLAN_FIRST_ITEM = 3
+
+
+def plan_capacity(num_tokens, heads, batch):
+    """Row blocks a plan has room for, from shapes: each request's last row block may be short."""
+    return (num_tokens * heads + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK + batch
+
+
+def plan_numel(num_tokens, heads, batch):
+    return PLAN_HEADER + PLAN_FIELDS * plan_capacity(num_tokens, heads, batch)
+
 # Compact mask: one bit per draft column, MASK_WORD_BITS per int64 word.
 MASK_WORD_BITS = 64
 MASK_LAYOUTS = ("full", "qlen", "packed")

@@ -24,9 +24,12 @@ _lib.define(
 _lib.define(
     "prepare_verify(Tensor qo_indptr, Tensor kv_indptr, Tensor kv_indices, Tensor out_cache_loc, Tensor tree_mask,"
     " Tensor? mask_indptr, str layout, SymInt num_rows, SymInt words_per_row, SymInt num_slots=2147483647,"
-    " int max_draft_len=0, Tensor(a!)? status=None)"
+    " int max_draft_len=0, Tensor(a!)? status=None, Tensor(b!)? plan=None, SymInt heads=0)"
     " -> (Tensor verify_indptr, Tensor verify_indices, Tensor mask_words, Tensor qo_indptr_out)"
 )
+# `plan` (int64 [contract.plan_numel(num_rows, heads, B)]), when given, receives the sm90 kernels'
+# schedule plan of the sanitized batch (cutlass_kernels/verify_plan.cuh), made for the CTAs and
+# splits that backend chooses from these shapes on this device.
 # Paged KV: the block table as slot lists (prep.paged_slot_lists), which prepare_verify then checks.
 _lib.define(
     "paged_slot_lists(Tensor block_table, Tensor cache_seqlens, Tensor qo_indptr, SymInt page_size, SymInt num_pages,"
@@ -39,8 +42,10 @@ _ATTENTION_ARGS = (
 # An FP8 (float8_e4m3fn) kv_cache is dequantized by kv_scale (float32 [1], read on the device) or
 # else by kv_scale_value; other caches ignore both.
 _SCALE_ARGS = "Tensor? kv_scale=None, float kv_scale_value=1.0"
-_lib.define(f"tree_attention({_ATTENTION_ARGS}, str backend='auto', {_SCALE_ARGS}) -> (Tensor out, Tensor lse)")
-_lib.define(f"tree_attention_into({_ATTENTION_ARGS}, Tensor(a!) out, Tensor(b!) lse, str backend='auto', {_SCALE_ARGS}) -> ()")
+# `plan`: prepare_verify's, read by the sm90 backend (which makes one where it is not given).
+_lib.define(f"tree_attention({_ATTENTION_ARGS}, str backend='auto', {_SCALE_ARGS}, Tensor? plan=None) -> (Tensor out, Tensor lse)")
+_lib.define(f"tree_attention_into({_ATTENTION_ARGS}, Tensor(a!) out, Tensor(b!) lse, str backend='auto', {_SCALE_ARGS},"
+            " Tensor? plan=None) -> ()")
 
 
 def _build_verify_indices_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc):
@@ -60,14 +65,32 @@ def _convert_tree_mask_cuda(tree_mask, mask_indptr, qo_indptr, kv_indptr, layout
     )
 
 
+def _plan_schedule(plan, qo_indptr, kv_indices, out_cache_loc, num_rows, heads):
+    """(CTAs, splits) that the plan is made for: the sm90 backend's, from shapes."""
+    if plan is None:
+        return 1, 1
+    if heads < 1:
+        raise ValueError(f"ddtree_op: prepare_verify writes a plan for heads >= 1 (the heads of q), got heads={heads}")
+    return backends.plan_schedule(qo_indptr.device, num_rows, heads, qo_indptr.numel() - 1,
+                                  kv_indices.numel() + out_cache_loc.numel())
+
+
+def _prepare_verify_cpu(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows, words_per_row,
+                        num_slots=prep.CLAMP_HIGH, max_draft_len=0, status=None, plan=None, heads=0):
+    ctas, splits = _plan_schedule(plan, qo_indptr, kv_indices, out_cache_loc, num_rows, heads)
+    return prep.prepare_verify_checked(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows,
+                                       words_per_row, num_slots, max_draft_len, status, plan, heads, ctas, splits)
+
+
 def _prepare_verify_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows, words_per_row,
-                         num_slots=prep.CLAMP_HIGH, max_draft_len=0, status=None):
-    # Both preparation steps, the checks and the status in one launch: the verify step pays one launch less.
+                         num_slots=prep.CLAMP_HIGH, max_draft_len=0, status=None, plan=None, heads=0):
+    # Both preparation steps, the checks, the status and the schedule plan in one launch.
     build.load_cuda_library()
+    ctas, splits = _plan_schedule(plan, qo_indptr, kv_indices, out_cache_loc, num_rows, heads)
     return torch.ops.ddtree_cuda.prepare_verify(
         qo_indptr.contiguous(), kv_indptr.contiguous(), kv_indices.contiguous(), out_cache_loc.contiguous(),
         tree_mask.contiguous(), None if mask_indptr is None else mask_indptr.contiguous(), layout, num_rows, words_per_row,
-        num_slots, max_draft_len, status,
+        num_slots, max_draft_len, status, plan, heads, ctas, splits,
     )
 
 
@@ -83,24 +106,24 @@ _lib.impl("build_verify_indices", prep.build_verify_indices, "CPU")
 _lib.impl("build_verify_indices", _build_verify_indices_cuda, "CUDA")
 _lib.impl("convert_tree_mask", prep.convert_tree_mask, "CPU")
 _lib.impl("convert_tree_mask", _convert_tree_mask_cuda, "CUDA")
-_lib.impl("prepare_verify", prep.prepare_verify_checked, "CPU")
+_lib.impl("prepare_verify", _prepare_verify_cpu, "CPU")
 _lib.impl("prepare_verify", _prepare_verify_cuda, "CUDA")
 _lib.impl("paged_slot_lists", prep.paged_slot_lists, "CPU")
 _lib.impl("paged_slot_lists", _paged_slot_lists_cuda, "CUDA")
 
 
 def _tree_attention_into(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend="auto",
-                         kv_scale=None, kv_scale_value=1.0):
+                         kv_scale=None, kv_scale_value=1.0, plan=None):
     backends.run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend,
-                                kv_scale, kv_scale_value)
+                                kv_scale, kv_scale_value, plan)
 
 
 def _tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend="auto", kv_scale=None,
-                    kv_scale_value=1.0):
+                    kv_scale_value=1.0, plan=None):
     out = q.new_empty((q.shape[0], q.shape[1], LATENT_DIM))
     lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
     _tree_attention_into(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend,
-                         kv_scale, kv_scale_value)
+                         kv_scale, kv_scale_value, plan)
     return out, lse
 
 

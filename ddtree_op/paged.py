@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .api import _eager_checks_enabled, attend, mask_words_per_row
+from .api import _eager_checks_enabled, attend, mask_words_per_row, new_plan
 from .checks import INDEX_DTYPES, INDEX_LIMIT, _fail, check_kv_scale, check_verify_inputs, check_verify_shapes
 from .contract import QK_DIM
 
@@ -33,14 +33,14 @@ def paged_verify_len(batch, max_pages, page_size, num_rows):
 
 
 def prepare_paged(block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr, layout, page_size, num_pages, num_rows,
-                  words_per_row, max_draft_len=0, status=None):
+                  words_per_row, max_draft_len=0, status=None, plan=None, heads=0):
     """The paged batch's preparation: its slot lists, then `ddtree::prepare_verify` over them.
     Returns prepare_verify's (verify_indptr, verify_indices [paged_verify_len], mask_words,
-    sanitized qo_indptr)."""
+    sanitized qo_indptr); `plan`, when given, receives the schedule plan for `heads` heads."""
     kv_indptr, kv_indices, out_cache_loc = ops.paged_slot_lists(block_table, cache_seqlens, qo_indptr, page_size, num_pages,
                                                                 num_rows)
     return ops.prepare_verify(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows,
-                              words_per_row, num_pages * page_size, max_draft_len, status)
+                              words_per_row, num_pages * page_size, max_draft_len, status, plan, heads)
 
 
 def _check_paged_shapes(q, kv_cache, block_table, cache_seqlens, qo_indptr):
@@ -166,7 +166,9 @@ def mla_tree_verify_paged(
                            lse=lse, kv_scale=kv_scale, max_draft_len=max_draft_len)
     num_rows = q.shape[0]
     words = mask_words_per_row(tree_mask, mask_layout, num_rows, max_draft_len)
+    plan = new_plan(q, qo_indptr)
     verify_indptr, verify_indices, mask_words, qo_sanitized = prepare_paged(
         block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr, mask_layout, kv_cache.shape[1], kv_cache.shape[0],
-        num_rows, words, max_draft_len or 0, status)
-    return attend(q, rows, qo_sanitized, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend, kv_scale)
+        num_rows, words, max_draft_len or 0, status, plan, q.shape[1])
+    return attend(q, rows, qo_sanitized, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend, kv_scale,
+                  plan)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from .contract import MASK_LAYOUTS, PACKED_MASK_BITS
+from .contract import (CUT_COST_UNITS, MASK_LAYOUTS, PACKED_MASK_BITS, PLAN_BLOCK, PLAN_CTAS, PLAN_EQUAL_SHARES,
+                       PLAN_FIELDS, PLAN_FIRST_ITEM, PLAN_HEADER, PLAN_HEADS, PLAN_ITEMS, PLAN_REQUEST, PLAN_ROW_BLOCKS,
+                       PLAN_SPLITS, PLAN_UNITS, PLAN_USED, ROWS_PER_BLOCK, UNIT_KEYS, plan_capacity)
 from .status import FAULTS, NUM_FAULTS, POSITIONS
 
 # Signed dtype of the same width, so the raw bits can be read with ops every backend has.
@@ -221,6 +223,55 @@ def convert_tree_mask(
     return _mask_words(s, tree_mask, mask_indptr, layout, num_rows, words_per_row)[0]
 
 
+def _ceil_div(a: torch.Tensor, b) -> torch.Tensor:
+    return torch.div(a + (b - 1), b, rounding_mode="floor")
+
+
+def verify_plan(qo_indptr: torch.Tensor, verify_indptr: torch.Tensor, num_rows: int, heads: int, ctas: int,
+                splits: int) -> torch.Tensor:
+    """The sm90 kernels' schedule plan of a batch, for `ctas` CTAs and `splits` key splits per row
+    block: int64 [plan_numel(num_rows, heads, B)] in the layout of contract.PLAN_* (the CPU twin
+    of cutlass_kernels/verify_plan.cuh, bit for bit). The preparation makes it from the sanitized
+    indptrs; what it means is backends/sm90/persistent_schedule.py. A tensor program: no host reads."""
+    device = qo_indptr.device
+    batch = qo_indptr.numel() - 1
+    capacity = plan_capacity(num_rows, heads, batch)
+    qo, vi = qo_indptr[: batch + 1].long(), verify_indptr[: batch + 1].long()
+    zero = qo.new_zeros(1)
+    # One entry past the last request (zero work), so that row blocks past the end index it.
+    blocks = torch.cat([_ceil_div((qo[1:] - qo[:-1]).clamp(min=0) * heads, ROWS_PER_BLOCK), zero])
+    units = torch.cat([_ceil_div((vi[1:] - vi[:-1]).clamp(min=0), UNIT_KEYS), zero])
+    items = blocks * units
+    block_end = torch.cumsum(blocks, 0)
+    item_start = torch.cumsum(items, 0) - items
+    total = items.sum()
+    row_blocks = block_end[-1].clamp(max=capacity)
+    row_block = torch.arange(capacity, device=device)
+    request = torch.searchsorted(block_end[:-1], row_block, right=True)
+    live = row_block < row_blocks
+    block = torch.where(live, row_block - (block_end[request] - blocks[request]), 0)
+    request = torch.where(live, request, batch)
+    first_item = torch.where(live, item_start[request] + block * units[request], total)
+    # The choice: equal shares where the longest piece times the waves of pieces exceeds a share
+    # by more than a cut costs, or where pieces with splits would not fit 2 partial slots per CTA.
+    longest = _ceil_div(torch.where(blocks > 0, units, 0).max(), splits)
+    used = total.clamp(max=ctas)
+    share = _ceil_div(total, used.clamp(min=1))
+    waves = _ceil_div(row_blocks * splits, ctas)
+    pieces_fit = (row_blocks * splits <= 2 * ctas) | (splits == 1)
+    equal = (total > 0) & (~pieces_fit | (share + CUT_COST_UNITS < waves * longest))
+    header = torch.zeros(PLAN_HEADER, dtype=torch.long, device=device)
+    header[PLAN_EQUAL_SHARES] = equal.long()
+    header[PLAN_ROW_BLOCKS] = row_blocks
+    header[PLAN_ITEMS] = total
+    header[PLAN_USED] = used
+    header[PLAN_HEADS], header[PLAN_CTAS], header[PLAN_SPLITS] = heads, ctas, splits
+    fields = [None] * PLAN_FIELDS
+    fields[PLAN_REQUEST], fields[PLAN_BLOCK], fields[PLAN_FIRST_ITEM] = request, block, first_item
+    fields[PLAN_UNITS] = torch.where(live, units[request], 0)
+    return torch.cat([header] + fields)
+
+
 def _write_status(status, faults: dict, values: dict) -> None:
     """status[:WORKSPACE] from per-kind (flags, positions) and the raw values per kind; the
     layout of status.py, computed as a tensor program (no host reads)."""
@@ -268,11 +319,17 @@ def prepare_verify_checked(
     num_slots: int = CLAMP_HIGH,
     max_draft_len: int = 0,
     status: torch.Tensor | None = None,
+    plan: torch.Tensor | None = None,
+    heads: int = 0,
+    plan_ctas: int = 1,
+    plan_splits: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The verify step's preparation, validated and sanitized (the CPU implementation of
     `ddtree::prepare_verify`): (verify_indptr, verify_indices, mask_words, qo_indptr) where
     qo_indptr is the sanitized one (int32 [B+1]) that the attention op reads. Slots outside
-    [0, num_slots) become -1. Where a value had to be sanitized, `status` (status.py) records it."""
+    [0, num_slots) become -1. Where a value had to be sanitized, `status` (status.py) records it.
+    `plan` (int64 [plan_numel(num_rows, heads, B)]), when given, receives the schedule plan of the
+    sanitized batch for `heads` heads, `plan_ctas` CTAs and `plan_splits` splits (verify_plan)."""
     packed_width = _packed_width(tree_mask, layout)
     reads_mask_indptr = mask_indptr if packed_width == 0 else None
     s = SanitizedBatch(qo_indptr, kv_indptr, reads_mask_indptr, num_rows, out_cache_loc.numel(), kv_indices.numel(),
@@ -293,6 +350,8 @@ def prepare_verify_checked(
             "mask_range": lambda p: p.new_tensor(numel),
         }
         _write_status(status, faults, values)
+    if plan is not None:
+        plan.copy_(verify_plan(s.qo, s.verify_indptr, num_rows, heads, plan_ctas, plan_splits))
     return s.verify_indptr.int(), verify_indices, mask_words, s.qo.int()
 
 

@@ -114,21 +114,23 @@ needs_sm90 = pytest.mark.skipif("sm90" not in cuda_backends(), reason="the sm_90
 
 
 def run_sm90(vb, **schedule):
-    """The sm_90a kernel called directly (to force a schedule), with poisoned outputs."""
-    from ddtree_op.api import mask_words_per_row
+    """The sm_90a kernel called directly (to force a schedule), with poisoned outputs. It reads the
+    preparation's plan where the schedule is the one that plan was made for, else makes its own."""
+    from ddtree_op.api import mask_words_per_row, new_plan
     from ddtree_op.backends.sm90.attention import tree_attention_sm90
     from ddtree_op.checks import kv_rows
 
     rows, heads = vb.q.shape[0], vb.q.shape[1]
     words = mask_words_per_row(vb.tree_mask, vb.mask_layout, rows, None)
+    plan = new_plan(vb.q, vb.qo_indptr)
     verify_indptr, verify_indices, mask_words, qo_indptr = ops.prepare_verify(
         vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, vb.mask_layout, rows, words,
-        vb.kv_cache.shape[0],
+        vb.kv_cache.shape[0], 0, None, plan, heads,
     )
     out = torch.full((rows, heads, 512), float("nan"), device="cuda", dtype=vb.q.dtype)
     lse = torch.full((rows, heads), float("nan"), device="cuda")
     tree_attention_sm90(vb.q, kv_rows(vb.kv_cache), qo_indptr, verify_indptr, verify_indices, mask_words, vb.sm_scale,
-                        out, lse, **schedule)
+                        out, lse, plan=plan, **schedule)
     return out, lse
 
 

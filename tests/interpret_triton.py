@@ -16,6 +16,7 @@ from ddtree_op.backends.lse_merge import combine_splits  # noqa: E402
 from ddtree_op.backends.sm90.persistent_combine import combine_persistent  # noqa: E402
 from ddtree_op.backends.sm90.persistent_schedule import plan  # noqa: E402
 from ddtree_op.backends.triton.attention import tree_attention_triton  # noqa: E402
+from ddtree_op.prep import verify_plan  # noqa: E402
 
 # (prefix lengths, draft lengths, heads, splits, dv_parts)
 CASES = [([5, 0, 70], [3, 4, 0], 4, 1, 1), ([40, 3, 9], [3, 4, 5], 2, 3, 1), ([0, 1], [2, 1], 16, 2, 2), ([33], [9], 3, 1, 2),
@@ -56,10 +57,11 @@ failures += not ok
 print(f"combine with an empty split holding NaN, padding rows untouched: {'ok' if ok else 'FAIL'}")
 # The persistent kernel's combine, with equal shares and with pieces of 3 splits: partials where
 # the reference plan puts them, NaN in every other slot; rows of row blocks written whole (by the
-# kernel itself) stay untouched.
+# kernel itself) stay untouched. The combine finds them in the preparation's plan (its CPU twin).
 heads = 16
 for qo, kv, ctas, splits, want_equal in [([0, 4, 8, 9], [0, 5117, 8953, 9053], 5, 1, True),  # 40, 30, 1 units
-                                         ([0, 4, 12, 13], [0, 304, 1312, 1363], 7, 3, False)]:  # 3, 8, 1 units
+                                         ([0, 4, 12, 13], [0, 304, 1312, 1363], 7, 3, False),  # 3, 8, 1 units
+                                         ([0, 0, 4, 12, 13], [0, 700, 6000, 9000, 9100], 3, 1, True)]:  # no drafts, 42, 24, 1
     equal, segments = plan(qo, kv, heads, ctas, splits)
     part_out = torch.full((2 * ctas, 64, 512), float("nan"))
     part_lse = torch.full((2 * ctas, 64), float("nan"))
@@ -74,7 +76,8 @@ for qo, kv, ctas, splits, want_equal in [([0, 4, 8, 9], [0, 5117, 8953, 9053], 5
     part_lse[empty_slot], part_out[empty_slot] = float("-inf"), float("nan")  # a piece that saw no key
     out = torch.full((qo[-1] + 1, heads, 512), float("nan"))
     lse = torch.full((qo[-1] + 1, heads), float("nan"))
-    combine_persistent(part_out, part_lse, torch.tensor(qo), torch.tensor(kv), out, lse, ctas, splits)
+    schedule_plan = verify_plan(torch.tensor(qo), torch.tensor(kv, dtype=torch.int32), out.shape[0], heads, ctas, splits)
+    combine_persistent(part_out, part_lse, torch.tensor(qo), schedule_plan, out, lse, ctas, splits)
     ok = equal == want_equal and len(pieces) >= 2
     touched = torch.zeros(out.shape[0] * heads, dtype=torch.bool)
     for (b, j), slots in pieces.items():

@@ -8,7 +8,7 @@ import torch
 from conftest import needs_cuda
 from ddtree_op import ops
 from ddtree_op.synthetic import encode_tree_mask, make_verify_batch
-from test_prep import INDEX_CASES
+from test_prep import INDEX_CASES, check_prepare_verify_writes_the_plan
 from test_prep import test_build_verify_indices_matches_loop as check_index_builder
 from test_prep import test_prepare_verify_returns_both_steps as check_prepare_verify
 
@@ -60,6 +60,49 @@ def test_prepare_verify_cuda_matches_cpu(layout):
             want = ops.prepare_verify(*cpu, mask_indptr, layout, rows, words)
             for g, w in zip(got, want):
                 assert torch.equal(g.cpu(), w)
+
+
+def test_prepare_verify_cuda_writes_the_plan():
+    check_prepare_verify_writes_the_plan(device="cuda")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_verify_plan_cuda_matches_cpu(seed):
+    """The plan-only launch against the CPU twin: ragged, empty and zero-draft requests, B up to
+    4096 (many chunks of the scan), padding rows, several schedules."""
+    import random
+
+    from ddtree_op.prep import verify_plan
+
+    rng = random.Random(seed)
+    batch = rng.choice([0, 1, 2, 7, 64, 511, 512, 513, 1000, 1023, 4096])
+    drafts = [rng.choice([0, 1, 4, 16, 64]) for _ in range(batch)]
+    keys = [n + rng.choice([0, 5, 128, 1000, 70000]) for n in drafts]
+    qo = torch.tensor([0] + drafts).cumsum(0)
+    vi = torch.tensor([0] + keys).cumsum(0).int()
+    heads, ctas, splits = rng.choice([1, 16, 128]), rng.choice([1, 5, 132]), rng.choice([1, 2, 40])
+    rows = int(qo[-1]) + rng.choice([0, 3, 100])
+    for qo_dtype in (torch.int32, torch.int64):
+        got = torch.ops.ddtree_cuda.verify_plan(qo.to(qo_dtype).cuda(), vi.cuda(), rows, heads, ctas, splits)
+        assert torch.equal(got.cpu(), verify_plan(qo, vi, rows, heads, ctas, splits)), (batch, heads, ctas, splits)
+
+
+@pytest.mark.parametrize("batch", [1000, 2048])
+def test_prepare_verify_cuda_plan_of_many_requests(batch):
+    """Many requests (the plan's scan in several chunks) through the preparation: staged, and above
+    kSharedBatch after the one-block pass."""
+    from ddtree_op import backends, contract
+    from ddtree_op.prep import verify_plan
+
+    drafts = [(b * 7) % 17 for b in range(batch)]
+    prefix = [(b * 131) % 3000 for b in range(batch)]
+    vb = make_verify_batch(prefix, drafts, 16, layout="qlen", pad_rows=4, device="cuda", seed=9)
+    rows = vb.q.shape[0]
+    plan = torch.empty(contract.plan_numel(rows, 16, batch), dtype=torch.long, device="cuda")
+    got = ops.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, "qlen",
+                             rows, 1, vb.kv_cache.shape[0], 0, None, plan, 16)
+    ctas, splits = backends.plan_schedule(plan.device, rows, 16, batch, vb.kv_indices.numel() + vb.out_cache_loc.numel())
+    assert torch.equal(plan.cpu(), verify_plan(got[3].cpu(), got[0].cpu(), rows, 16, ctas, splits))
 
 
 # Around and past the staged batch (1023 requests in shared memory; above, a one-block pass first).

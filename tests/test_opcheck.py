@@ -6,6 +6,7 @@ import torch
 from conftest import needs_cuda
 from ddtree_op import ops
 from ddtree_op.api import mask_words_per_row
+from ddtree_op.contract import plan_numel
 from ddtree_op.synthetic import make_verify_batch
 
 SAMPLES = [([5, 0], [3, 2], 2, "full"), ([12], [6], 1, "qlen"), ([3, 9, 1], [1, 4, 2], 4, "packed")]
@@ -28,9 +29,17 @@ def test_opcheck_all_ops(device):
         torch.library.opcheck(ops.convert_tree_mask, (vb.tree_mask, vb.mask_indptr, vb.qo_indptr, vb.kv_indptr, vb.mask_layout, num_rows, words))
         torch.library.opcheck(ops.prepare_verify, (vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
                                                    vb.mask_indptr, vb.mask_layout, num_rows, words))
+        heads = vb.q.shape[1]
+        plan = torch.randint(0, 100, (plan_numel(num_rows, heads, vb.qo_indptr.numel() - 1),), device=device)  # stale values
+        torch.library.opcheck(ops.prepare_verify, (vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
+                                                   vb.mask_indptr, vb.mask_layout, num_rows, words, 2**31 - 1, 0, None, plan,
+                                                   heads))
         attn_args = (vb.q, vb.kv_cache, vb.qo_indptr, verify_indptr, verify_indices, mask_words, vb.sm_scale)
         torch.library.opcheck(ops.tree_attention, attn_args)
         # Out-buffers hold random data, so an undeclared or missing write would show.
         out = torch.randn(num_rows, vb.q.shape[1], 512, device=device).to(vb.q.dtype)
         lse = torch.randn(num_rows, vb.q.shape[1], device=device)
         torch.library.opcheck(ops.tree_attention_into, attn_args + (out, lse))
+        ops.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr,
+                           vb.mask_layout, num_rows, words, 2**31 - 1, 0, None, plan, heads)  # the plan the attention reads
+        torch.library.opcheck(ops.tree_attention, attn_args + ("auto", None, 1.0, plan))

@@ -4,10 +4,13 @@ device formulas), checked on the CPU."""
 import random
 
 import pytest
+import torch
 
-from ddtree_op.backends.sm90.persistent_schedule import (choose_equal_shares, plan, slots_of_row_block, use_persistent,
-                                                        work_of_requests)
+from ddtree_op import contract
+from ddtree_op.backends.sm90.persistent_schedule import (Segment, choose_equal_shares, plan, slots_of_row_block, split_units,
+                                                        use_persistent, work_of_requests)
 from ddtree_op.contract import UNIT_KEYS
+from ddtree_op.prep import verify_plan
 
 
 def random_batch(seed):
@@ -121,3 +124,111 @@ def test_gpu_tests_cover_both_plans_and_both_kinds_of_partials():
                 seen.add("a first segment deferred")
     assert seen == {("equal shares", "partials"), ("equal shares", "whole row blocks"), ("pieces", "partials"),
                     ("pieces", "whole row blocks"), "a first segment deferred"}
+
+
+# The plan the preparation makes (prep.verify_plan, the CPU twin of cutlass_kernels/verify_plan.cuh),
+# read as the kernels and the combine read it, gives the segments and slots of the Python schedule.
+
+
+def read_plan(plan, capacity):
+    plan = plan.tolist()
+    header = plan[:contract.PLAN_HEADER]
+
+    def field(f, r):
+        return plan[contract.PLAN_HEADER + f * capacity + r]
+
+    return header, field
+
+
+def segments_of_plan(plan, capacity, ctas, splits):
+    """Each CTA's segments in processing order, as persistent_plan.cuh reads them from the plan."""
+    header, field = read_plan(plan, capacity)
+    row_blocks, total, used = header[contract.PLAN_ROW_BLOCKS], header[contract.PLAN_ITEMS], header[contract.PLAN_USED]
+    equal = bool(header[contract.PLAN_EQUAL_SHARES])
+    result = []
+    for cta in range(ctas):
+        segments = []
+        if not equal:
+            piece = cta
+            while piece < row_blocks * splits:
+                r = piece // splits
+                units = field(contract.PLAN_UNITS, r)
+                begin, end = split_units(units, splits, piece % splits)
+                segments.append(Segment(field(contract.PLAN_REQUEST, r), field(contract.PLAN_BLOCK, r), begin, end,
+                                        piece if splits > 1 else None))
+                piece += ctas
+        elif cta < used:
+            begin, end = cta * total // used, (cta + 1) * total // used
+            first = sum(field(contract.PLAN_FIRST_ITEM, r) <= begin for r in range(row_blocks)) - 1  # the binary search
+            start, units = field(contract.PLAN_FIRST_ITEM, first), field(contract.PLAN_UNITS, first)
+            r = first
+            while r < row_blocks and field(contract.PLAN_FIRST_ITEM, r) < end:
+                start, units = field(contract.PLAN_FIRST_ITEM, r), field(contract.PLAN_UNITS, r)
+                lo, hi = max(begin, start), min(end, start + units)
+                whole = lo == start and hi == start + units
+                segments.append(Segment(field(contract.PLAN_REQUEST, r), field(contract.PLAN_BLOCK, r), lo - start,
+                                        hi - start, None if whole else 2 * cta + (0 if lo == begin else 1)))
+                r += 1
+            if segments[0].unit_begin > 0 and len(segments) > 1:  # a first segment cut at its start goes last
+                segments = segments[1:] + segments[:1]
+        result.append(segments)
+    return equal, result
+
+
+def slots_of_plan(plan, capacity, ctas, splits, qo, heads):
+    """(request, block) -> partial slots, as the persistent combine's programs find them from the plan."""
+    header, field = read_plan(plan, capacity)
+    row_blocks, total, used = header[contract.PLAN_ROW_BLOCKS], header[contract.PLAN_ITEMS], header[contract.PLAN_USED]
+    equal = bool(header[contract.PLAN_EQUAL_SHARES])
+    found = {}
+    for k in range(ctas):
+        if equal and 0 < k < used:
+            x = k * total // used
+            r = sum(field(contract.PLAN_FIRST_ITEM, i) <= x for i in range(row_blocks)) - 1
+            first, units = field(contract.PLAN_FIRST_ITEM, r), field(contract.PLAN_UNITS, r)
+            i0, i1 = ((first + 1) * used - 1) // total, ((first + units) * used - 1) // total
+            if first != x and k == i0 + 1:
+                slots = [2 * i0 + (0 if i0 * total // used == first else 1)] + [2 * i for i in range(i0 + 1, i1 + 1)]
+                found[(field(contract.PLAN_REQUEST, r), field(contract.PLAN_BLOCK, r))] = slots
+        elif not equal and splits > 1 and k < row_blocks:
+            found[(field(contract.PLAN_REQUEST, k), field(contract.PLAN_BLOCK, k))] = list(range(k * splits, (k + 1) * splits))
+    return found
+
+
+def plan_batch(seed):
+    """A random batch with what the preparation hands the kernel: ragged, empty and zero-draft
+    requests, B = 1, padding rows."""
+    rng = random.Random(seed)
+    batch = rng.choice([0, 1, 1, 2, 5, 9, 40])
+    drafts = [rng.choice([0, 1, 4, 16, 33, 64]) for _ in range(batch)]
+    prefixes = [rng.choice([0, 5, 127, 128, 1000, 3000, 8192]) for _ in range(batch)]
+    qo, kv = [0], [0]
+    for n, prefix in zip(drafts, prefixes):
+        qo.append(qo[-1] + n)
+        kv.append(kv[-1] + prefix + n)
+    heads, ctas = rng.choice([1, 16, 128]), rng.choice([1, 7, 132])
+    return qo, kv, qo[-1] + rng.choice([0, 0, 3, 70]), heads, ctas, rng.choice([1, 1, 2, 5, 40])
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_plan_gives_the_schedule_segments_and_slots(seed):
+    qo, kv, num_rows, heads, ctas, splits = plan_batch(seed)
+    plan_tensor = verify_plan(torch.tensor(qo), torch.tensor(kv, dtype=torch.int32), num_rows, heads, ctas, splits)
+    capacity = contract.plan_capacity(num_rows, heads, len(qo) - 1)
+    assert plan_tensor.dtype == torch.int64 and plan_tensor.numel() == contract.plan_numel(num_rows, heads, len(qo) - 1)
+    header, field = read_plan(plan_tensor, capacity)
+    assert header[contract.PLAN_HEADS:contract.PLAN_SPLITS + 1] == [heads, ctas, splits]
+    equal, want = plan(qo, kv, heads, ctas, splits) if len(qo) > 1 else (False, [[] for _ in range(ctas)])
+    for cta, segments in enumerate(want):  # the kernel processes a cut first segment last
+        if equal and len(segments) > 1 and segments[0].unit_begin > 0:
+            want[cta] = segments[1:] + segments[:1]
+    assert segments_of_plan(plan_tensor, capacity, ctas, splits) == (equal, want)
+    blocks = [(b, j) for b, (n, _) in enumerate(work_of_requests(qo, kv, heads)) for j in range(n)]
+    found = slots_of_plan(plan_tensor, capacity, ctas, splits, qo, heads)
+    for b, j in blocks:
+        assert found.get((b, j), []) == slots_of_row_block(qo, kv, heads, ctas, splits, b, j)
+    # Past the row blocks: request B, no units, first item = all items.
+    row_blocks = header[contract.PLAN_ROW_BLOCKS]
+    assert row_blocks == len(blocks)
+    for r in range(row_blocks, capacity):
+        assert [field(f, r) for f in range(contract.PLAN_FIELDS)] == [len(qo) - 1, 0, 0, header[contract.PLAN_ITEMS]]

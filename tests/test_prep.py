@@ -114,3 +114,43 @@ def test_prepare_verify_returns_both_steps(layout, device="cpu"):
     assert torch.equal(got[0].cpu(), want_indptr)
     assert torch.equal(got[1].cpu(), want_indices)
     assert torch.equal(got[2].cpu(), want_words)
+
+
+def check_prepare_verify_writes_the_plan(device="cpu"):
+    """prepare_verify's schedule plan is verify_plan of the batch it returns (the sanitized one),
+    for the CTAs and splits the sm90 backend picks from the shapes on the device."""
+    from ddtree_op import backends, contract
+    from ddtree_op.prep import verify_plan
+
+    for prefix, drafts, heads, pad_rows in [([7, 0, 19], [3, 5, 2], 2, 2), ([3000, 40, 0, 9000], [16, 0, 4, 64], 16, 5),
+                                            ([5], [1], 128, 0), ([], [], 16, 3)]:
+        vb = make_verify_batch(prefix, drafts, heads, layout="full", pad_rows=pad_rows, device=device, seed=len(prefix))
+        rows, batch = vb.q.shape[0], len(prefix)
+        plan = torch.full((contract.plan_numel(rows, heads, batch),), -7, dtype=torch.long, device=device)
+        got = ops.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr,
+                                 "full", rows, 1, vb.kv_cache.shape[0], 0, None, plan, heads)
+        ctas, splits = backends.plan_schedule(torch.device(device), rows, heads, batch,
+                                              vb.kv_indices.numel() + vb.out_cache_loc.numel())
+        want = verify_plan(got[3].cpu(), got[0].cpu(), rows, heads, ctas, splits)
+        assert torch.equal(plan.cpu(), want), (prefix, drafts, heads)
+
+
+def test_prepare_verify_writes_the_plan():
+    check_prepare_verify_writes_the_plan()
+
+
+def test_prepare_verify_plan_of_a_sanitized_batch():
+    """A decreasing qo_indptr: the plan is that of the sanitized batch (later requests void, rows padding)."""
+    from ddtree_op import contract
+    from ddtree_op.prep import verify_plan
+
+    vb = make_verify_batch([40, 9, 300], [4, 6, 3], 16, layout="full", pad_rows=2, seed=5)
+    qo = vb.qo_indptr.clone()
+    qo[2] = 1  # decreasing
+    rows = vb.q.shape[0]
+    plan = torch.empty(contract.plan_numel(rows, 16, 3), dtype=torch.long)
+    got = ops.prepare_verify(qo, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, "full", rows, 1,
+                             vb.kv_cache.shape[0], 0, None, plan, 16)
+    assert got[3].tolist() == [0, 4, 4, 4]
+    assert torch.equal(plan, verify_plan(got[3], got[0], rows, 16, 1, plan[contract.PLAN_SPLITS].item()))
+    assert plan[contract.PLAN_ROW_BLOCKS] == 1  # the first request's 64 rows

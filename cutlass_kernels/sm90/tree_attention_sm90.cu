@@ -68,7 +68,7 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
                          const at::Tensor& verify_indptr, const at::Tensor& verify_indices,
                          const at::Tensor& mask_words, double sm_scale, at::Tensor& out, at::Tensor& lse,
                          at::Tensor& part_out, at::Tensor& part_lse, int64_t num_splits,
-                         int64_t persistent_ctas) {
+                         int64_t persistent_ctas, const at::Tensor& plan) {
   const c10::cuda::CUDAGuard guard(q.device());
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1, "ddtree_op: 'q' must be [T, H, 576], last dim contiguous");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, "ddtree_op: 'q' must be bf16 or fp16");
@@ -96,6 +96,12 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
                             part_lse.scalar_type() == at::kFloat && part_lse.is_contiguous() && part_lse.numel() >= partial_rows),
               "ddtree_op: 'part_out'/'part_lse' must be contiguous float32 with room for ", partial_rows, " partial rows");
   const int64_t tokens = q.size(0), heads = q.size(1), batch = qo_indptr.numel() - 1;
+  // The schedule plan (verify_plan.cuh), made for these heads and, for the persistent kernel,
+  // these CTAs and splits: the kernel checks that on the device and reads nothing otherwise.
+  TORCH_CHECK(plan.is_cuda() && plan.device() == q.device() && plan.scalar_type() == at::kLong && plan.is_contiguous() &&
+                  plan.numel() == ddtree::plan_numel(tokens, heads, batch),
+              "ddtree_op: argument 'plan' must be a contiguous int64 tensor of ", ddtree::plan_numel(tokens, heads, batch),
+              " entries on the device of q (ddtree::prepare_verify or ddtree_cuda::verify_plan)");
   if (tokens == 0) return;
 
   VerifyParams params{};
@@ -122,6 +128,7 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
   params.heads = static_cast<int>(heads);
   params.batch = static_cast<int>(batch);
   params.num_splits = static_cast<int>(num_splits);
+  params.plan = plan.data_ptr<int64_t>();
   params.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
 
 
@@ -143,7 +150,7 @@ TORCH_LIBRARY(ddtree_sm90, m) {
   m.def(
       "tree_attention(Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor verify_indptr, Tensor verify_indices,"
       " Tensor mask_words, float sm_scale, Tensor(a!) out, Tensor(b!) lse, Tensor(c!) part_out,"
-      " Tensor(d!) part_lse, int num_splits, int persistent_ctas) -> ()");
+      " Tensor(d!) part_lse, int num_splits, int persistent_ctas, Tensor plan) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ddtree_sm90, CUDA, m) { m.impl("tree_attention", &tree_attention_sm90); }

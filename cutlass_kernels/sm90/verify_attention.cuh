@@ -10,7 +10,9 @@
 //   (t >= qo_indptr[B]). With one split the kernel writes out/lse; with more, fp32 partials that
 //   a combine merges by LSE.
 // - persistent (kPersistent = true): grid (CTAs), each walking a list of segments (a row block and
-//   a range of its keys) that every CTA plans from the indptrs.
+//   a range of its keys).
+// Which request a row block belongs to, and each CTA's segments, come from the plan that the
+// preparation made once for the batch (persistent_plan.cuh).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -46,6 +48,7 @@ struct VerifyParams {
   float* part_out;  // [splits, T * H, 512] when splits > 1
   float* part_lse;  // [splits, T * H]
   int num_tokens, heads, batch, num_splits;
+  const int64_t* plan;  // the schedule plan (../verify_plan.cuh), made for these heads, CTAs and splits
   // Persistent kernel (grid = CTAs): part_out is [2 * CTAs, 64, 512] and part_lse [2 * CTAs, 64],
   // num_splits the pieces schedule's splits per row block (persistent_plan.cuh).
   float scale_log2;  // sm_scale * log2(e)
@@ -138,36 +141,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     }
   };
 
-  // The first segment: a row block of one request and a range of its keys. Split schedule: the
-  // CTA's (block, split) alone. Persistent schedule: the plan's.
-  const PlanInputs plan_inputs{p.qo_indptr, p.verify_indptr, p.heads, kRows, p.batch, static_cast<int>(gridDim.x), p.num_splits};
-  BatchPlan batch_plan{};
+  // The first segment: a row block of one request and a range of its keys, from the plan. Split
+  // schedule: the CTA's (block, split) alone. Persistent schedule: the CTA's first segment.
+  const PlanView schedule{p.plan, plan_capacity(p.num_tokens, p.heads, p.batch)};
+  const int ctas = static_cast<int>(gridDim.x);
+  // Later segments read the CTA's plan from shared memory (after the segment's barrier): held in
+  // registers across the segment loop, it spills.
+  __shared__ CtaPlan s_cta_plan;
   Segment seg{};
   if constexpr (kPersistent) {
-    batch_plan = plan_batch(plan_inputs);
+    const CtaPlan cta_plan = read_cta_plan(schedule, p.heads, ctas, p.num_splits, block);
+    if (threadIdx.x == 0) s_cta_plan = cta_plan;
     const int64_t padding_begin = p.qo_indptr[p.batch] * p.heads;
-    for (int64_t r = padding_begin + int64_t(block) * kRows; r < int64_t(p.num_tokens) * p.heads; r += int64_t(gridDim.x) * kRows) {
+    for (int64_t r = padding_begin + int64_t(block) * kRows; r < int64_t(p.num_tokens) * p.heads; r += int64_t(ctas) * kRows) {
       zero_padding_block(r);
     }
-    if (!plan_segment(plan_inputs, batch_plan, block, 0, seg)) return;
+    if (!plan_segment(cta_plan, block, 0, seg)) return;
   } else {
-    // Which request owns this block (the batch is small: a linear scan, all from L1/L2).
-    int first_block = 0, blocks_before = 0;
-    seg.request = -1;
-    for (int b = 0; b < p.batch; ++b) {
-      const int rows = static_cast<int>(p.qo_indptr[b + 1] - p.qo_indptr[b]) * p.heads;
-      const int blocks = (rows + kRows - 1) / kRows;
-      if (seg.request < 0 && block < blocks_before + blocks) {
-        seg.request = b;
-        first_block = blocks_before;
-      }
-      blocks_before += blocks;
-    }
-    if (seg.request < 0) {  // padding rows (split 0 only)
-      if (split == 0) zero_padding_block(p.qo_indptr[p.batch] * p.heads + int64_t(block - blocks_before) * kRows);
+    // The row block's entry is loaded with the header (one round trip); the grid has one block
+    // more than the plan has entries.
+    const int64_t entry = min(int64_t(block), schedule.capacity - 1);
+    seg.request = static_cast<int>(schedule.field(kPlanRequest, entry));
+    seg.block = static_cast<int>(schedule.field(kPlanBlock, entry));
+    const int row_blocks = planned_row_blocks(schedule, p.heads);
+    if (block >= row_blocks) {  // padding rows (split 0 only)
+      if (split == 0) zero_padding_block(p.qo_indptr[p.batch] * p.heads + int64_t(block - row_blocks) * kRows);
       return;
     }
-    seg.block = block - first_block;
   }
 
   if (threadIdx.x == 0) {
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       if constexpr (!kPersistent) {
         break;
       } else {
-        if (!plan_segment(plan_inputs, batch_plan, block, segment + 1, seg)) break;
+        if (!plan_segment(s_cta_plan, block, segment + 1, seg)) break;
       }
     }
     return;
@@ -304,7 +304,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       // The epilogue's staging stores (generic proxy) over stage 0 before the next segment's TMA
       // boxes (async proxy) write it; the segment's __syncthreads orders the two.
       cutlass::arch::fence_view_async_shared();
-      if (!plan_segment(plan_inputs, batch_plan, block, segment + 1, seg)) break;
+      if (!plan_segment(s_cta_plan, block, segment + 1, seg)) break;
     }
   }
 }

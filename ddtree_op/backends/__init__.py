@@ -25,6 +25,7 @@ from .. import build, environment
 from ..contract import BACKEND_CHOICES, DEPRECATED_BACKENDS
 from ..environment import DISABLE_SM90_ENV
 from . import reference, sm90, triton
+from .splits import sm_count
 
 # "auto" takes the first backend in this order that it may use on the device and that accepts the
 # inputs: the sm_90a kernel where it runs, else the Triton kernel on CUDA, else the reference.
@@ -51,6 +52,7 @@ class Backend:
     auto: Callable[[torch.device], bool]  # may "auto" pick it on the device
     accepts: Callable[[InputClass], bool]
     run: Callable[..., None]  # (q, kv_rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse)
+    reads_plan: bool = False  # run takes the preparation's schedule plan (plan=)
 
 
 def _needs_cuda(name: str) -> Callable[[torch.device], str | None]:
@@ -100,7 +102,7 @@ def _always(*_) -> bool:
 REGISTRY: dict[str, Backend] = {
     "reference": Backend("reference", lambda device: None, _always, _always, reference.tree_attention_reference),
     "triton": Backend("triton", _needs_cuda("triton"), lambda device: device.type == "cuda", _always, triton.run),
-    "sm90": Backend("sm90", _sm90_unavailable, _sm90_auto, sm90.accepts, sm90.run),
+    "sm90": Backend("sm90", _sm90_unavailable, _sm90_auto, sm90.accepts, sm90.run, reads_plan=True),
 }
 
 
@@ -145,8 +147,15 @@ def reset_dispatch_cache() -> None:
     environment.reset()
 
 
+def plan_schedule(device: torch.device, num_tokens: int, heads: int, batch: int, num_keys: int) -> tuple[int, int]:
+    """(CTAs, splits per row block) of the sm90 kernels on `device` for these shapes, which the
+    preparation makes the schedule plan for (a CPU counts as one SM: its plan is only a twin)."""
+    sms = sm_count(device) if device.type == "cuda" else 1
+    return sm90.plan_shape(sms, num_tokens, heads, batch, num_keys)
+
+
 def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend,
-                       kv_scale=None, kv_scale_value=1.0):
+                       kv_scale=None, kv_scale_value=1.0, plan=None):
     if kv_cache.dtype == torch.uint8:  # the bytes of an e4m3 cache, as SGLang stores it
         kv_cache = kv_cache.view(torch.float8_e4m3fn)
     inputs = input_class(q, kv_cache, out)
@@ -157,9 +166,11 @@ def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, ma
     if fp8 and not chosen.accepts(inputs):
         raise ValueError(f"ddtree_op: backend {chosen.name!r} takes no FP8 (float8_e4m3fn) KV cache; use backend='triton', "
                          "'reference' or 'auto'")
-    scale = dict(kv_scale=kv_scale, kv_scale_value=kv_scale_value) if fp8 else {}
+    extra = dict(kv_scale=kv_scale, kv_scale_value=kv_scale_value) if fp8 else {}
+    if chosen.reads_plan:
+        extra["plan"] = plan
     if q.device.type != "cuda":
-        chosen.run(*args, **scale)
+        chosen.run(*args, **extra)
         return
     with torch.cuda.device(q.device):
-        chosen.run(*args, **scale)
+        chosen.run(*args, **extra)

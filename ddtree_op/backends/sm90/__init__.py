@@ -1,9 +1,10 @@
 """The sm90 backend: the host side of the sm_90a CuTe/wgmma kernel (cutlass_kernels/sm90/).
 
 - attention.py: the launch (split or persistent kernel, partial buffers, combine);
-- schedule.py: how many key splits per row block, from shapes;
-- persistent_schedule.py: the persistent kernel's plan in Python (the test oracle of the device
-  plan) and the shape-only choice of that kernel;
+- schedule.py: how many key splits per row block and CTAs, from shapes (what the preparation makes
+  the schedule plan for);
+- persistent_schedule.py: the schedule in Python (the test oracle of the plan that the
+  preparation makes on the device) and the shape-only choice of the persistent kernel;
 - persistent_combine.py: the Triton merge of the persistent kernel's partials.
 The split kernel's partials are merged by the shared combine (backends/lse_merge.py).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from .attention import tree_attention_sm90
+from .schedule import plan_shape
 
 
 def _rows_aligned(t: torch.Tensor) -> bool:

@@ -3,8 +3,10 @@
 Same contract as the Triton fallback: packed (draft, head) rows, combined indices, compact mask,
 shape-only schedule, LSE combine of partials in Triton. Two kernels, chosen from shapes: "split"
 (a CTA per row block and key split, as the Triton kernel) and "persistent" (one CTA per SM
-walking a plan that the device makes from the lengths: the same pieces, or equal shares of all
-the work when requests are unequal; persistent_schedule.py).
+walking its segments: the same pieces, or equal shares of all the work when requests are
+unequal; persistent_schedule.py). Both read the schedule plan that the preparation made on the
+device for the CTAs and splits of plan_shape (cutlass_kernels/verify_plan.cuh), and so does the
+persistent combine; a call without one, or for another schedule, makes its own in one launch.
 """
 
 from __future__ import annotations
@@ -15,25 +17,39 @@ from ... import build
 from ...contract import LATENT_DIM, PARTIAL_SLOTS_PER_CTA, ROWS_PER_BLOCK
 from ..splits import sm_count
 from .persistent_schedule import use_persistent
-from .schedule import CTAS_PER_SM, sm90_splits
+from .schedule import plan_shape, sm90_splits
+
+
+def make_plan(qo_indptr, verify_indptr, num_tokens: int, heads: int, ctas: int, splits: int) -> torch.Tensor:
+    """The schedule plan of a batch that the preparation did not plan for this schedule."""
+    build.load_cuda_library()
+    return torch.ops.ddtree_cuda.verify_plan(qo_indptr, verify_indptr, num_tokens, heads, ctas, splits)
 
 
 def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, num_splits=None,
-                        schedule=None, ctas=None):
+                        schedule=None, ctas=None, plan=None):
     """schedule: None (chosen from shapes), "split" or "persistent" (over `ctas` CTAs, by default one
-    per SM). num_splits: key splits per row block (default: from shapes)."""
+    per SM). num_splits: key splits per row block (default: from shapes). plan: the preparation's
+    schedule plan (prepare_verify's, made for plan_shape), or None."""
     build.load_library("sm90")
     num_tokens, heads = q.shape[0], q.shape[1]
     if num_tokens == 0:
         return
     batch = qo_indptr.numel() - 1
-    ctas = ctas or sm_count(q.device) * CTAS_PER_SM
+    num_keys = verify_indices.numel()
+    planned_ctas, planned_splits = plan_shape(sm_count(q.device), num_tokens, heads, batch, num_keys)
+    ctas = ctas or planned_ctas
     if num_splits is None:
-        num_splits = sm90_splits(num_tokens, heads, batch, verify_indices.numel(), ctas)
+        num_splits = sm90_splits(num_tokens, heads, batch, num_keys, ctas)
     if schedule is None:
-        persistent = use_persistent(num_tokens, heads, batch, verify_indices.numel(), ctas, num_splits)
+        persistent = use_persistent(num_tokens, heads, batch, num_keys, ctas, num_splits)
         schedule = "persistent" if persistent else "split"
+    if schedule not in ("split", "persistent"):
+        raise ValueError(f"ddtree_op: argument 'schedule' must be None, 'split' or 'persistent', not {schedule!r}")
     qo_indptr = qo_indptr.contiguous()
+    # The split kernel reads only the plan's row blocks, which no schedule changes.
+    if plan is None or (schedule == "persistent" and (ctas, num_splits) != (planned_ctas, planned_splits)):
+        plan = make_plan(qo_indptr, verify_indptr, num_tokens, heads, ctas, num_splits)
     if schedule == "persistent":
         from .persistent_combine import combine_persistent
 
@@ -42,18 +58,16 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
         part_out = torch.empty((slots, ROWS_PER_BLOCK, LATENT_DIM), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((slots, ROWS_PER_BLOCK), dtype=torch.float32, device=q.device)
         torch.ops.ddtree_sm90.tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale,
-                                             out, lse, part_out, part_lse, num_splits, ctas)
-        combine_persistent(part_out, part_lse, qo_indptr, verify_indptr, out, lse, ctas, num_splits)
+                                             out, lse, part_out, part_lse, num_splits, ctas, plan)
+        combine_persistent(part_out, part_lse, qo_indptr, plan, out, lse, ctas, num_splits)
         return
-    if schedule != "split":
-        raise ValueError(f"ddtree_op: argument 'schedule' must be None, 'split' or 'persistent', not {schedule!r}")
     if num_splits > 1:
         part_out = torch.empty((num_splits, num_tokens * heads, LATENT_DIM), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits, num_tokens * heads), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
     torch.ops.ddtree_sm90.tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out,
-                                         lse, part_out, part_lse, num_splits, 0)
+                                         lse, part_out, part_lse, num_splits, 0, plan)
     if num_splits > 1:
         from ..lse_merge import combine_splits
 

@@ -22,6 +22,13 @@ def num_kv_splits_whole_tiles(num_tokens: int, heads: int, batch: int, num_keys_
 CTAS_PER_SM = 1  # 216 KB of shared memory per CTA
 
 
+def plan_shape(sms: int, num_tokens: int, heads: int, batch: int, num_keys_bound: int) -> tuple[int, int]:
+    """(CTAs, splits) of the kernels on a GPU of `sms` SMs: what the preparation makes the
+    schedule plan for, and what attention.py launches unless told otherwise."""
+    ctas = sms * CTAS_PER_SM
+    return ctas, sm90_splits(num_tokens, heads, batch, num_keys_bound, ctas)
+
+
 def sm90_splits(num_tokens: int, heads: int, batch: int, num_keys_bound: int, ctas: int) -> int:
     """The split kernel's key splits per row block over `ctas` CTAs: whole units (pairs of 64-key
     tiles). Short splits pay off: one CTA's fixed cost (index loads, first copies, epilogue) is a
