@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-MEMORY_LIMIT_BYTES = 2 << 30  # CPU cases: an allocation sized from a bad value fails instead of being OOM-killed
+MEMORY_LIMIT_BYTES = 2 << 30  # CPU cases, beyond what is mapped at the start: an allocation sized from a bad value fails instead of being OOM-killed
 BASE = dict(prefix=[6, 3, 9], drafts=[3, 2, 4], heads=2, pad_rows=2)  # rows: r0 0-2, r1 3-4, r2 5-8, padding 9-10
 
 
@@ -418,6 +418,20 @@ def _interpret_triton() -> None:
     print("interpreter: bad values ok")
 
 
+def limit_address_space(extra_bytes: int) -> None:
+    """At most `extra_bytes` of address space beyond what the process maps now: a CUDA build of
+    torch maps several GB at import, so a fixed limit would fail every allocation there."""
+    import resource
+
+    try:
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * resource.getpagesize()
+    except OSError:
+        mapped = 0
+    limit = mapped + extra_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=NAMES)
@@ -428,9 +442,7 @@ def main() -> int:
     parser.add_argument("--interpret-triton", action="store_true")
     args = parser.parse_args()
     if args.memory_limit:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (args.memory_limit, args.memory_limit))
+        limit_address_space(args.memory_limit)
     if args.interpret_triton:
         _interpret_triton()
         return 0
