@@ -23,10 +23,7 @@ from ddtree_op import ops
 
 
 def _prepare(i: Inputs, status):
-    vb = i.vb
-    slots = vb.kv_cache.shape[0]
-    return lambda: ops.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr,
-                                      "full", i.rows, i.words, slots, i.max_draft or 0, status)
+    return i.prepare(status)  # as the step runs it (plan included)
 
 
 def _step(i: Inputs, backend: str, status):

@@ -22,6 +22,7 @@ import torch
 from bench.cases import Case, all_cases, grid_cases, ragged_cases, serving_cases
 from bench.report import PREP_OP_PREFIXES, PREP_PREFIXES, write_report
 from ddtree_op import mla_tree_verify, ops
+from ddtree_op.api import new_plan
 from ddtree_op.checks import kv_rows
 from ddtree_op.synthetic import make_verify_batch
 
@@ -125,11 +126,15 @@ class Inputs:
         self.max_draft = max(case.draft_lens)
         self.rows = vb.q.shape[0]
         self.words = math.ceil(self.max_draft / 64)
+        self.kv_rows = kv_rows(vb.kv_cache)
         self.verify_indptr, self.verify_indices = ops.build_verify_indices(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc)
         self.mask_words = ops.convert_tree_mask(vb.tree_mask, vb.mask_indptr, vb.qo_indptr, vb.kv_indptr, "full", self.rows, self.words)
+        # The schedule plan as the step's preparation makes it, once: attention alone reads it (without
+        # one the sm90 backend would time a plan launch of its own), and prepare() rewrites it.
+        self.plan = new_plan(vb.q, vb.qo_indptr)
+        ops.prepare_verify(*self._prepare_args())
         self.out = torch.empty(self.rows, case.heads, 512, device="cuda", dtype=vb.q.dtype)
         self.lse = torch.empty(self.rows, case.heads, device="cuda")
-        self.kv_rows = kv_rows(vb.kv_cache)
 
     def attention(self, backend: str, **triton_config):
         vb = self.vb
@@ -139,7 +144,7 @@ class Inputs:
             return lambda: tree_attention_triton(vb.q, self.kv_rows, vb.qo_indptr, self.verify_indptr, self.verify_indices,
                                                  self.mask_words, vb.sm_scale, self.out, self.lse, **triton_config)
         return lambda: ops.tree_attention_into(vb.q, self.kv_rows, vb.qo_indptr, self.verify_indptr, self.verify_indices,
-                                               self.mask_words, vb.sm_scale, self.out, self.lse, backend)
+                                               self.mask_words, vb.sm_scale, self.out, self.lse, backend, plan=self.plan)
 
     def whole_step(self, backend: str):
         vb = self.vb
@@ -154,10 +159,15 @@ class Inputs:
         vb = self.vb
         return lambda: ops.convert_tree_mask(vb.tree_mask, vb.mask_indptr, vb.qo_indptr, vb.kv_indptr, "full", self.rows, self.words)
 
-    def prepare(self):  # both of the above in one launch, as the whole step runs them
+    def _prepare_args(self, status=None):
+        """prepare_verify's arguments as mla_tree_verify passes them (with the plan buffer)."""
         vb = self.vb
-        return lambda: ops.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
-                                          vb.mask_indptr, "full", self.rows, self.words)
+        return (vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, "full", self.rows,
+                self.words, self.kv_rows.shape[0], self.max_draft, status, self.plan, vb.q.shape[1])
+
+    def prepare(self, status=None):  # both of the above and the plan in one launch, as the whole step runs them
+        args = self._prepare_args(status)
+        return lambda: ops.prepare_verify(*args)
 
     def flashmla(self):
         """FlashMLA's dense decode on the same work laid out its way: each request's prefix and
@@ -203,8 +213,16 @@ class Inputs:
         verify_indptr, verify_indices, mask_words, qo = prepare_paged(
             pb.block_table, pb.cache_seqlens, pb.qo_indptr, pb.tree_mask, pb.mask_indptr, pb.mask_layout, pb.kv_cache.shape[1],
             pb.kv_cache.shape[0], self.rows, words, self.max_draft)
+        plan = None
+        if backend == "sm90":  # its schedule plan, made once as for the slot backends
+            from ddtree_op.backends import plan_schedule
+            from ddtree_op.backends.sm90.attention import make_plan
+
+            heads = pb.q.shape[1]
+            ctas, splits = plan_schedule(pb.q.device, self.rows, heads, qo.numel() - 1, verify_indices.numel())
+            plan = make_plan(qo, verify_indptr, self.rows, heads, ctas, splits)
         return lambda: ops.tree_attention_into(pb.q, pool, qo, verify_indptr, verify_indices, mask_words, pb.sm_scale, self.out,
-                                               self.lse, backend)
+                                               self.lse, backend, plan=plan)
 
     def paged_step(self, backend: str):
         import ddtree_op

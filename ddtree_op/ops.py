@@ -10,6 +10,7 @@ import torch
 
 from . import backends, build, meta, prep
 from .contract import LATENT_DIM
+from .status import check_status_tensor
 
 _lib = torch.library.Library("ddtree", "DEF")  # module-level: the ops live as long as this
 
@@ -77,6 +78,8 @@ def _plan_schedule(plan, qo_indptr, kv_indices, out_cache_loc, num_rows, heads):
 
 def _prepare_verify_cpu(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows, words_per_row,
                         num_slots=prep.CLAMP_HIGH, max_draft_len=0, status=None, plan=None, heads=0):
+    if status is not None:
+        check_status_tensor(status)  # as the CUDA op checks it
     ctas, splits = _plan_schedule(plan, qo_indptr, kv_indices, out_cache_loc, num_rows, heads)
     return prep.prepare_verify_checked(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows,
                                        words_per_row, num_slots, max_draft_len, status, plan, heads, ctas, splits)

@@ -92,6 +92,15 @@ def test_status_argument_is_checked(bad):
         ddtree_op.mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), status=bad)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_prepare_op_checks_its_status_argument(device):
+    vb = make_verify_batch([6, 3], [3, 2], 2, device=device)
+    short = torch.zeros(16, dtype=torch.int32, device=device)
+    with pytest.raises((ValueError, RuntimeError), match="argument 'status'"):
+        torch.ops.ddtree.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
+                                        vb.mask_indptr, "full", vb.q.shape[0], 1, vb.kv_cache.shape[0], 0, short)
+
+
 def test_raise_on_status_is_silent_on_a_clean_step_and_names_every_kind():
     status = ddtree_op.new_status()
     ddtree_op.raise_on_status(status)
