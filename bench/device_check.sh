@@ -5,7 +5,7 @@
 #                     grid, the tiny shape's kernels and one ncu profile; then the two-GPU test
 #         finish2   - (kind nvidia-h200-x2) the whole benchmark on GPU 0 while GPU 1 runs the sanitizers
 #         change2   - (kind nvidia-h200-x2) after a change: GPU 1 runs every GPU test, memcheck (sm90, or
-#                     $SANITIZE_BACKEND), racecheck and the phase clocks of a debug build; GPU 0 the whole
+#                     $SANITIZE_BACKEND), racecheck and the wait clocks of a debug build (sm90/wait_clocks.cuh); GPU 0 the whole
 #                     benchmark and the tiny shape's kernels; then the two-GPU test
 #         close     - every GPU test, racecheck (sm90, 150 s), memcheck (Triton)
 #         final     - (kind nvidia-h200-x2) second GPU, racecheck, tiny-shape kernel times, benchmark
@@ -31,7 +31,7 @@ build_libraries() {  # JIT-build both CUDA libraries once, before processes on t
 case "$stage" in
   change2)
     build_libraries
-    ( DDTREE_NVCC_EXTRA=-DDDTREE_PHASE_CLOCKS build_libraries > /tmp/debug_build.log 2>&1 ) &
+    ( DDTREE_NVCC_EXTRA=-DDDTREE_WAIT_CLOCKS build_libraries > /tmp/debug_build.log 2>&1 ) &
     ( export CUDA_VISIBLE_DEVICES=1
       timeout 330 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests -k "not cpu and not multi_gpu" 2>&1 | grep -v DEBUG \
         > "$OUT/gpu_tests.log"
@@ -42,10 +42,11 @@ case "$stage" in
         timeout 90 compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
           tests/test_gpu_*.py -k "$shape and full and sm90" 2>&1 | grep -v DEBUG >> "$OUT/sanitizers.log"
       done
-      for shape in H16_n4_B1_P1024 H16_n4_B1_P8192; do
-        echo "== $shape (3 calls; cycles per phase: scan, prologue issue, first tiles' wait, QK, P exchange, PV, rest of loop, sums, epilogue)"
-        DDTREE_NVCC_EXTRA=-DDDTREE_PHASE_CLOCKS timeout 60 python3 -m bench.profile_case $shape --iters 3 2>&1 | grep -v Warn
-      done > "$OUT/phase_clocks.log" 2>&1
+      for case in "H128_n64_B8_P8192 paged:sm90" "H128_n64_B8_P8192 sm90" "H16_n16_B32_P8192 sm90" "H16_n4_B1_P1024 sm90"; do
+        set -- $case
+        echo "== $1 $2 (one call; CTA (0, 0): cycles each role's first thread waited, by kind)"
+        DDTREE_NVCC_EXTRA=-DDDTREE_WAIT_CLOCKS timeout 60 python3 -m bench.profile_case $1 --backend $2 --iters 1 2>&1 | grep -v Warn
+      done > "$OUT/wait_clocks.log" 2>&1
     ) &
     export CUDA_VISIBLE_DEVICES=0
     DDTREE_COMMIT=$commit timeout 300 python3 -m bench.verify --cases all --backends sm90,triton,sglang_baseline \
@@ -53,7 +54,7 @@ case "$stage" in
     timeout 30 python3 -m bench.profile_case H16_n4_B1_P1024 --kernels 2>&1 | grep -v Warn | tee "$OUT/kernels.log"
     wait; unset CUDA_VISIBLE_DEVICES
     timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_multi_gpu.py 2>&1 | grep -v DEBUG | tail -2 | tee -a "$OUT/gpu_tests.log"
-    tail -4 "$OUT/gpu_tests.log"; grep -E "SUMMARY|passed|failed" "$OUT/sanitizers.log"; head -30 "$OUT/phase_clocks.log" ;;
+    tail -4 "$OUT/gpu_tests.log"; grep -E "SUMMARY|passed|failed" "$OUT/sanitizers.log"; head -30 "$OUT/wait_clocks.log" ;;
   iterate2)
     build_libraries
     ( CUDA_VISIBLE_DEVICES=1 timeout 330 python3 -m pytest -q -p no:cacheprovider --maxfail=5 tests -k "not cpu and not multi_gpu" \

@@ -13,6 +13,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "traits.cuh"
+#include "wait_clocks.cuh"
 
 namespace ddtree::sm90 {
 
@@ -194,6 +195,12 @@ __device__ __forceinline__ void gather_segment(const GatherPlan<Traits>& plan, u
   const bool warp_leader = wg_thread % 32 == 0;
 
   const int num_pairs = (plan.num_tiles + 1) / 2;
+  const WaitClock clock = wait_clock(st, 2, wg_thread);
+  auto wait_release = [&](int group, int released) {  // a part of a stage, from its last reader
+    const long long waited = clock.now();
+    Barrier::wait(&st.chunk_empty[group], released);
+    clock.add(kLoadWait, waited);
+  };
   int slot[2][4], first[2];
   auto load_slots = [&](int pair) {  // the pair's slots, loaded while the previous pair lands
     CUTE_UNROLL
@@ -205,28 +212,31 @@ __device__ __forceinline__ void gather_segment(const GatherPlan<Traits>& plan, u
   };
   load_slots(0);
   for (int pair = 0; pair < num_pairs; ++pair) {
+    const long long pair_start = clock.now();
     const int global_pair = pairs_done + pair;
     const int released = (global_pair - 1) & 1;  // the phase in which the previous pair was released
     const bool wait = pair > 0;
     const bool boxes0 = plan.kv_map != nullptr && g.all_consecutive(slot[0], first[0]);
     const bool boxes1 = plan.kv_map != nullptr && g.all_consecutive(slot[1], first[1]);
 
-    if (wait) Barrier::wait(&st.chunk_empty[State::kStage0Low], released);
+    if (wait) wait_release(State::kStage0Low, released);
     g.publish_key_slots(slot[0], wg_thread, st.key_slots[global_pair & 1][0]);
     g.template load<0, 4>(stage0, plan.kv, plan.kv_stride, slot[0], plan.kv_map, first[0], boxes0, st.chunk_full[0], wg_thread);
     if (warp_leader) Barrier::arrive(&st.chunk_full[0][0]);  // after this warp's key bits
-    if (wait) Barrier::wait(&st.chunk_empty[State::kStage0High], released);
+    if (wait) wait_release(State::kStage0High, released);
     g.template load<4, 9>(stage0, plan.kv, plan.kv_stride, slot[0], plan.kv_map, first[0], boxes0, st.chunk_full[0], wg_thread);
 
-    if (wait) Barrier::wait(&st.chunk_empty[State::kStage1Low], released);
+    if (wait) wait_release(State::kStage1Low, released);
     g.publish_key_slots(slot[1], wg_thread, st.key_slots[global_pair & 1][1]);
     g.template load<0, 4>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
     g.template load<8, 9>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
     if (warp_leader) Barrier::arrive(&st.chunk_full[1][0]);
-    if (wait) Barrier::wait(&st.chunk_empty[State::kStage1High], released);
+    if (wait) wait_release(State::kStage1High, released);
     g.template load<4, 8>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
 
     load_slots(pair + 1);
+    clock.add(kPairCycles, pair_start);
+    clock.count(kPairs);
   }
 }
 

@@ -24,6 +24,7 @@
 #include "mask_policy.cuh"
 #include "softmax.cuh"
 #include "traits.cuh"
+#include "wait_clocks.cuh"
 
 namespace ddtree::sm90 {
 
@@ -50,10 +51,12 @@ struct ChunkGroup {};
 
 template <class Traits, class TiledMma, class FragQ, class FragK, class AccS, int... kChunk>
 __device__ __forceinline__ void qk_gemm_group(TiledMma& mma, FragQ const& frag_q, FragK const& frag_k, uint64_t* chunk_full,
-                                              int phase, AccS& acc_s, ChunkGroup<kChunk...>) {
+                                              int phase, AccS& acc_s, ChunkGroup<kChunk...>, const WaitClock& clock) {
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kSteps = Traits::kChunkCols / 16;
+  const long long waited = clock.now();
   (Barrier::wait(&chunk_full[kChunk], phase), ...);
+  clock.add(kLoadWait, waited);
   cutlass::arch::fence_view_async_shared();  // cp.async writes -> wgmma (async proxy) reads
   warpgroup_arrive();
   auto chunk_gemm = [&](int c) {
@@ -69,12 +72,14 @@ __device__ __forceinline__ void qk_gemm_group(TiledMma& mma, FragQ const& frag_q
 
 template <class Traits, class TiledMma, class FragQ, class FragK, class AccS, class First, class Second>
 __device__ __forceinline__ void qk_gemm(TiledMma& mma, FragQ const& frag_q, FragK const& frag_k, uint64_t* chunk_full, int phase,
-                                        AccS& acc_s, First first, Second second) {
+                                        AccS& acc_s, First first, Second second, const WaitClock& clock) {
   warpgroup_fence_operand(acc_s);
   mma.accumulate_ = GMMA::ScaleOut::Zero;
-  qk_gemm_group<Traits>(mma, frag_q, frag_k, chunk_full, phase, acc_s, first);
-  qk_gemm_group<Traits>(mma, frag_q, frag_k, chunk_full, phase, acc_s, second);
+  qk_gemm_group<Traits>(mma, frag_q, frag_k, chunk_full, phase, acc_s, first, clock);
+  qk_gemm_group<Traits>(mma, frag_q, frag_k, chunk_full, phase, acc_s, second, clock);
+  const long long issued = clock.now();
   warpgroup_wait<0>();
+  clock.add(kSGemmWait, issued);
   warpgroup_fence_operand(acc_s);
 }
 
@@ -148,16 +153,30 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
   const int quad_lane = wg_thread % 4;
   const int my_row = (wg_thread / 32) * 16 + (wg_thread % 32) / 4;  // and my_row + 8 (tests/layout_check.cu)
   const int num_pairs = (seg.num_tiles + 1) / 2;
+  const WaitClock clock = wait_clock(st, kWarpgroup, wg_thread);
+  // A named barrier wait of the seesaw, its cycles counted as waiting for the partner.
+  auto sync_partner = [&](uint32_t barrier) {
+    const long long waited = clock.now();
+    NamedBarrier::sync(kThreads, barrier);
+    clock.add(kPartnerWait, waited);
+  };
+  // warpgroup_wait<N> after a P V GEMM, its cycles counted.
+  auto wait_pv = [&](auto n) {
+    const long long waited = clock.now();
+    warpgroup_wait<decltype(n)::value>();
+    clock.add(kPvGemmWait, waited);
+  };
 
   for (int pair = 0; pair < num_pairs; ++pair) {
+    const long long pair_start = clock.now();
     const int global_pair = pairs_done + pair;
     const int phase = global_pair & 1;
     const int kv0 = seg.kv_begin + (2 * pair + kWarpgroup) * kKeys;
     // Each stage's chunks in the order the gather refills them (gather.cuh).
     if constexpr (kWarpgroup == 0) {
-      qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[0], phase, acc_s, ChunkGroup<0, 1, 2, 3>{}, ChunkGroup<4, 5, 6, 7, 8>{});
+      qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[0], phase, acc_s, ChunkGroup<0, 1, 2, 3>{}, ChunkGroup<4, 5, 6, 7, 8>{}, clock);
     } else {
-      qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[1], phase, acc_s, ChunkGroup<0, 1, 2, 3, 8>{}, ChunkGroup<4, 5, 6, 7>{});
+      qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[1], phase, acc_s, ChunkGroup<0, 1, 2, 3, 8>{}, ChunkGroup<4, 5, 6, 7>{}, clock);
     }
 
     float tile_max[2], part_sum[2], safe_max[2], factor[2];
@@ -191,26 +210,26 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
       for (int j = 0; j < 2; ++j) row_sum[j] = row_sum[j] * factor[j] + part_sum[j];
       rescale_rows(acc_o, factor);
       issue_warpgroup_gemm(mma_pv, frag_p, frag_v_mine, acc_o);
-      warpgroup_wait<0>();
+      wait_pv(Int<0>{});
       warpgroup_fence_operand(frag_p);
       warpgroup_fence_operand(acc_o);
       Barrier::arrive(&st.chunk_empty[State::kStage0Low]);
-      NamedBarrier::sync(kThreads, kScale1Ready);
+      sync_partner(kScale1Ready);
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) {
         factor[j] = st.scale1[my_row + 8 * j];
         row_sum[j] *= factor[j];
       }
       rescale_rows(acc_o, factor);
-      NamedBarrier::sync(kThreads, kP1Ready);
+      sync_partner(kP1Ready);
       issue_warpgroup_gemm(mma_pv_shared, frag_p_other, frag_v_other, acc_o);
-      warpgroup_wait<0>();
+      wait_pv(Int<0>{});
       warpgroup_fence_operand(acc_o);
       Barrier::arrive(&st.chunk_empty[State::kStage1Low]);
     } else {
       seg.mask.tile_bits(kv0, seg.row0, my_row, read_key_slots(st.key_slots[phase][1]), visible);
       mask_and_row_max(acc_s, visible, seg.scale_log2, quad_lane, tile_max);
-      NamedBarrier::sync(kThreads, kScale0Ready);
+      sync_partner(kScale0Ready);
       float scale0[2];
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) {
@@ -237,21 +256,23 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) row_sum[j] = (row_sum[j] * scale0[j]) * factor[j] + part_sum[j];
       rescale_rows(acc_o, scale0);
-      NamedBarrier::sync(kThreads, kP0Ready);
+      sync_partner(kP0Ready);
       issue_warpgroup_gemm(mma_pv_shared, frag_p_other, frag_v_other, acc_o);
       if (__any_sync(0xffffffff, factor[0] != 1.f || factor[1] != 1.f)) {
-        warpgroup_wait<0>();
+        wait_pv(Int<0>{});
         warpgroup_fence_operand(acc_o);
         rescale_rows(acc_o, factor);
       }
       issue_warpgroup_gemm(mma_pv, frag_p, frag_v_mine, acc_o);
-      warpgroup_wait<1>();
+      wait_pv(Int<1>{});
       Barrier::arrive(&st.chunk_empty[State::kStage0High]);
-      warpgroup_wait<0>();
+      wait_pv(Int<0>{});
       warpgroup_fence_operand(frag_p);
       warpgroup_fence_operand(acc_o);
       Barrier::arrive(&st.chunk_empty[State::kStage1High]);
     }
+    clock.add(kPairCycles, pair_start);
+    clock.count(kPairs);
   }
 }
 

@@ -79,6 +79,9 @@ struct VerifyTraits {
     float row_max[kRows];               // running maximum per row (base 2), updated by both in turn
     float scale0[kRows], scale1[kRows]; // each warpgroup's rescale factor of the current pair
     float row_sum[kMmaWarpgroups][kRows];  // the final sums of both warpgroups
+#ifdef DDTREE_WAIT_CLOCKS
+    unsigned long long wait_clocks[3][8];  // wait_clocks.cuh: [role][slot]
+#endif
   };
   static constexpr int kSmemBytes = kSmemQ + kStages * kSmemK + int(sizeof(SharedState));
 };

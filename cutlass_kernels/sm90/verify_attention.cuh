@@ -179,6 +179,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     }
     Barrier::init(&st.q_full, kMmaThreads);
     for (int g = 0; g < SharedState::kReleaseGroups; ++g) Barrier::init(&st.chunk_empty[g], 128);
+#ifdef DDTREE_WAIT_CLOCKS
+    for (int r = 0; r < kWaitRoles; ++r) {
+      for (int w = 0; w < kWaitSlots; ++w) st.wait_clocks[r][w] = 0;
+    }
+#endif
     cutlass::arch::fence_barrier_init();
   }
 
@@ -211,6 +216,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
         if (!plan_segment(s_cta_plan, block, segment + 1, seg)) break;
       }
     }
+    wait_clock(*reinterpret_cast<SharedState*>(smem_base + kStateOffset), 2, threadIdx.x % 128).print(2);
     return;
   }
 
@@ -307,6 +313,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       if (!plan_segment(s_cta_plan, block, segment + 1, seg)) break;
     }
   }
+  const int warpgroup = threadIdx.x / 128;
+  wait_clock(*reinterpret_cast<SharedState*>(smem_base + kStateOffset), warpgroup, threadIdx.x % 128).print(warpgroup);
 }
 
 }  // namespace ddtree::sm90
