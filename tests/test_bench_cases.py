@@ -56,3 +56,16 @@ def test_input_sets_cover_three_l2_caches():
         sets = input_set_count(case)
         assert 1 <= sets <= 8
         assert sets == 8 or sets * case.bytes() >= 3 * L2_BYTES
+
+
+def test_parallel_tests_deal_every_id_once_and_keep_the_grouped_ones_together():
+    from bench.parallel_tests import deal, totals
+
+    ids = [f"tests/test_a.py::test_x[{i}]" for i in range(10)] + [f"tests/test_b.py::test_cpu_in_subprocess[{i}]" for i in range(3)]
+    shares = deal(ids, 4, ["cpu_in_subprocess"])
+    assert sorted(sum(shares, [])) == sorted(ids)
+    assert shares[0] == [i for i in ids if "cpu_in_subprocess" in i]
+    assert [len(s) for s in shares[1:]] == [4, 3, 3]
+    assert deal(ids[:10], 3, ["cpu_in_subprocess"]) == [ids[0:10:3], ids[1:10:3], ids[2:10:3]]
+    assert deal(ids, 1, ["cpu_in_subprocess"]) == [ids[10:] + ids[:10]]
+    assert totals("3 failed, 147 passed, 1 skipped, 14 warnings in 404.15s") == {"failed": 3, "passed": 147, "skipped": 1}
