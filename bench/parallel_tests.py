@@ -1,24 +1,30 @@
 """The test suite in parallel processes, for a GPU machine where one process takes longer than a
 session allows (every GPU test JIT-loads the libraries once per process, then shares the GPU):
 
-  python -m bench.parallel_tests [--processes 12] [--timeout SECONDS] [PYTEST_ARGS ...]   (default: tests)
+  python -m bench.parallel_tests [--processes 12] [--timeout SECONDS] [PATHS, -k/-m ...]   (default: tests)
 
-Collects the test ids once and deals them out in turn, so each process gets a share of every
-file; ids that contain a --together substring (default: cpu_in_subprocess, whose module fixture
-runs every CPU bad-value case at once) all go to the first process. Each process runs under the
-timeout (then it is interrupted and reports what it ran). Prints each process's last line and the
-totals; exits 1 if a test failed, a process found none of its ids, or a process was cut.
+Collects the test ids once (PATHS and selections apply there) and deals them out in turn, so each
+process gets a share of every file; ids that contain a --together substring (default:
+cpu_in_subprocess, whose module fixture runs every CPU bad-value case at once) all go to the
+first process. The timeout counts from the start for every process; then a process is
+interrupted (it reports what it ran), and killed with its children if it does not stop. Prints
+each process's summary and the totals; exits 1 if a test failed or errored, a process reported
+nothing, or a process was cut.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+SUMMARY = re.compile(r"(\d+ (passed|failed|skipped|errors?|deselected)|no tests ran)\b.* in [\d.]+s")
 
 
 def deal(ids: list[str], processes: int, together: list[str]) -> list[list[str]]:
@@ -43,8 +49,27 @@ def collect(pytest_args: list[str]) -> list[str]:
     return ids
 
 
-def totals(last_line: str) -> dict[str, int]:
-    return {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", last_line)}
+def totals(summary: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for n, kind in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", summary):
+        kind = "errors" if kind.startswith("error") else kind
+        counts[kind] = counts.get(kind, 0) + int(n)
+    return counts
+
+
+def summary_line(lines: list[str]) -> str:
+    """pytest's last summary line (what follows it, e.g. messages at exit, is skipped)."""
+    return next((line for line in reversed(lines) if SUMMARY.search(line)), "(no summary)")
+
+
+def stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGINT (pytest then reports what it ran), then SIGKILL to the process group if it stays."""
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def main(argv=None) -> int:
@@ -64,28 +89,29 @@ def main(argv=None) -> int:
         log = open(workdir / f"log{k}.txt", "w")
         code = (f"import sys, pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE'] + "
                 f"open({str(ids_file)!r}).read().splitlines()))")
-        runs.append((subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT), log, len(share)))
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        runs.append((proc, log, len(share)))
+    deadline = time.monotonic() + args.timeout if args.timeout else None
     failed = False
     summed: dict[str, int] = {}
     for k, (proc, log, count) in enumerate(runs):
         try:
-            proc.wait(timeout=args.timeout or None)
+            proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
             cut = False
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGINT)  # pytest reports what it ran
-            proc.wait()
+            stop(proc)
             cut = True
         log.close()
         lines = (workdir / f"log{k}.txt").read_text().strip().splitlines()
-        last = lines[-1] if lines else "(no output)"
         for line in lines:
             if line.startswith(("FAILED", "ERROR")):
                 print(line)
-        counts = totals(last)
+        summary = summary_line(lines)
+        counts = totals(summary)
         for kind, n in counts.items():
             summed[kind] = summed.get(kind, 0) + n
-        failed |= cut or proc.returncode not in (0, 5) or counts.get("failed", 0) > 0 or not counts
-        print(f"process {k} ({count} tests){' CUT BY THE TIMEOUT' if cut else ''}: {last}", flush=True)
+        failed |= cut or proc.returncode != 0 or counts.get("failed", 0) > 0 or counts.get("errors", 0) > 0 or not counts
+        print(f"process {k} ({count} tests){' CUT BY THE TIMEOUT' if cut else ''}: {summary}", flush=True)
     print(f"total: {', '.join(f'{n} {kind}' for kind, n in summed.items())} (logs in {workdir})")
     return 1 if failed else 0
 

@@ -5,7 +5,8 @@
 
 --prep-batches times the preparation alone on synthetic batches of that many requests (1-3
 drafts, prefixes of 0-39 tokens; 1023 is the largest staged batch, above it a one-block pass runs
-first), without and with `status=`; no cases are then timed unless named.
+first), without and with `status=`, and without the schedule plan (its blocks grow with the
+batch: that is the status's cost alone); no cases are then timed unless named.
 
 Same timing as bench/verify.py (graphs of up to 8 calls on rotating input sets, median of 15
 groups). The sanitizing itself is always on; its cost is the step here against the step of a run

@@ -210,17 +210,10 @@ class Inputs:
         pb = self.paged_batch()
         pool = _check_paged_shapes(pb.q, pb.kv_cache, pb.block_table, pb.cache_seqlens, pb.qo_indptr)  # the pages' rows
         words = mask_words_per_row(pb.tree_mask, pb.mask_layout, self.rows, self.max_draft)
+        plan = new_plan(pb.q, pb.qo_indptr)  # made once here, as the paged entry point's preparation makes it
         verify_indptr, verify_indices, mask_words, qo = prepare_paged(
             pb.block_table, pb.cache_seqlens, pb.qo_indptr, pb.tree_mask, pb.mask_indptr, pb.mask_layout, pb.kv_cache.shape[1],
-            pb.kv_cache.shape[0], self.rows, words, self.max_draft)
-        plan = None
-        if backend == "sm90":  # its schedule plan, made once as for the slot backends
-            from ddtree_op.backends import plan_schedule
-            from ddtree_op.backends.sm90.attention import make_plan
-
-            heads = pb.q.shape[1]
-            ctas, splits = plan_schedule(pb.q.device, self.rows, heads, qo.numel() - 1, verify_indices.numel())
-            plan = make_plan(qo, verify_indptr, self.rows, heads, ctas, splits)
+            pb.kv_cache.shape[0], pb.q.shape[0], words, self.max_draft, plan=plan, heads=pb.q.shape[1])
         return lambda: ops.tree_attention_into(pb.q, pool, qo, verify_indptr, verify_indices, mask_words, pb.sm_scale, self.out,
                                                self.lse, backend, plan=plan)
 

@@ -119,7 +119,7 @@ def cuda_build_flags(arch: str | None = None) -> dict[str, list[str]]:
             "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
             "-U__CUDA_NO_HALF2_OPERATORS__",
             "-lineinfo",
-            *os.environ.get("DDTREE_NVCC_EXTRA", "").split(),  # e.g. -DDDTREE_PHASE_CLOCKS (part of the build key)
+            *os.environ.get("DDTREE_NVCC_EXTRA", "").split(),  # e.g. -DDDTREE_WAIT_CLOCKS (part of the build key)
         ],
     }
 

@@ -59,7 +59,7 @@ def test_input_sets_cover_three_l2_caches():
 
 
 def test_parallel_tests_deal_every_id_once_and_keep_the_grouped_ones_together():
-    from bench.parallel_tests import deal, totals
+    from bench.parallel_tests import deal, summary_line, totals
 
     ids = [f"tests/test_a.py::test_x[{i}]" for i in range(10)] + [f"tests/test_b.py::test_cpu_in_subprocess[{i}]" for i in range(3)]
     shares = deal(ids, 4, ["cpu_in_subprocess"])
@@ -68,4 +68,8 @@ def test_parallel_tests_deal_every_id_once_and_keep_the_grouped_ones_together():
     assert [len(s) for s in shares[1:]] == [4, 3, 3]
     assert deal(ids[:10], 3, ["cpu_in_subprocess"]) == [ids[0:10:3], ids[1:10:3], ids[2:10:3]]
     assert deal(ids, 1, ["cpu_in_subprocess"]) == [ids[10:] + ids[:10]]
-    assert totals("3 failed, 147 passed, 1 skipped, 14 warnings in 404.15s") == {"failed": 3, "passed": 147, "skipped": 1}
+    assert totals("3 failed, 147 passed, 1 skipped, 1 error, 14 warnings in 404.15s") == {
+        "failed": 3, "passed": 147, "skipped": 1, "errors": 1}
+    assert summary_line(["....", "== 2 passed, 1 skipped in 3.10s ==", "Exception ignored in: <atexit>"]) == \
+        "== 2 passed, 1 skipped in 3.10s =="
+    assert summary_line(["!!! KeyboardInterrupt !!!", "no tests ran in 3.22s"]) == "no tests ran in 3.22s"

@@ -206,6 +206,8 @@ def _subprocess_result(name: str, device: str, backend: str) -> str | None:
         cmd += ["--memory-limit", str(MEMORY_LIMIT_BYTES)]
     env = dict(os.environ)
     env.pop("DDTREE_CHECK", None)
+    if device == "cpu":  # few threads: each maps a stack and a malloc arena inside the limit
+        env.update(OMP_NUM_THREADS="2", MALLOC_ARENA_MAX="2")
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if result.returncode == 0 and f"case {name}: ok" in result.stdout:
         return None
@@ -428,8 +430,9 @@ def limit_address_space(extra_bytes: int) -> None:
             mapped = int(f.read().split()[0]) * resource.getpagesize()
     except OSError:
         mapped = 0
-    limit = mapped + extra_bytes
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    limit = mapped + extra_bytes if hard == resource.RLIM_INFINITY else min(mapped + extra_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
 def main() -> int:

@@ -15,7 +15,7 @@ def variables_read_by(paths):
 
 
 def variables_read_by_cuda_sources(root):
-    # The CUDA libraries read theirs with getenv (macros such as -DDDTREE_PHASE_CLOCKS are nvcc flags, not variables).
+    # The CUDA libraries read theirs with getenv (macros such as -DDDTREE_WAIT_CLOCKS are nvcc flags, not variables).
     return {name for path in root.rglob("*") if path.suffix in (".cu", ".cuh", ".cpp", ".h", ".hpp")
             for name in re.findall(r"""getenv\(\s*"(DDTREE_[A-Z0-9_]+)"\s*\)""", path.read_text())}
 

@@ -195,7 +195,7 @@ __device__ __forceinline__ void gather_segment(const GatherPlan<Traits>& plan, u
   const bool warp_leader = wg_thread % 32 == 0;
 
   const int num_pairs = (plan.num_tiles + 1) / 2;
-  const WaitClock clock = wait_clock(st, 2, wg_thread);
+  const WaitClock clock = wait_clock(st, Traits::kGatherWarpgroup, wg_thread);
   auto wait_release = [&](int group, int released) {  // a part of a stage, from its last reader
     const long long waited = clock.now();
     Barrier::wait(&st.chunk_empty[group], released);

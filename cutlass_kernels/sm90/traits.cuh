@@ -14,6 +14,7 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
 #include "../contract.cuh"
+#include "wait_clocks.cuh"
 
 namespace ddtree::sm90 {
 
@@ -30,6 +31,7 @@ struct VerifyTraits {
   static constexpr int kMmaWarpgroups = 2;  // warpgroups 0 and 1: the GEMMs and the softmax
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kGatherWarpgroup = kMmaWarpgroups;  // warpgroup 2: the gather (gather.cuh)
+  static_assert(kGatherWarpgroup == kWaitRoles - 1, "wait_clocks.cuh: the gather is the last role");
   static constexpr int kThreads = kMmaThreads + 128;
   // Registers per thread after setmaxnreg: 2 x 128 x 232 + 128 x 40 = 64512 of the 65536.
   static constexpr int kMmaRegisters = 232, kGatherRegisters = 40;
@@ -80,7 +82,7 @@ struct VerifyTraits {
     float scale0[kRows], scale1[kRows]; // each warpgroup's rescale factor of the current pair
     float row_sum[kMmaWarpgroups][kRows];  // the final sums of both warpgroups
 #ifdef DDTREE_WAIT_CLOCKS
-    unsigned long long wait_clocks[3][8];  // wait_clocks.cuh: [role][slot]
+    unsigned long long wait_clocks[kWaitRoles][kWaitSlots];  // wait_clocks.cuh: [role][slot]
 #endif
   };
   static constexpr int kSmemBytes = kSmemQ + kStages * kSmemK + int(sizeof(SharedState));

@@ -216,7 +216,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
         if (!plan_segment(s_cta_plan, block, segment + 1, seg)) break;
       }
     }
-    wait_clock(*reinterpret_cast<SharedState*>(smem_base + kStateOffset), 2, threadIdx.x % 128).print(2);
+    wait_clock(*reinterpret_cast<SharedState*>(smem_base + kStateOffset), Traits::kGatherWarpgroup, threadIdx.x % 128)
+        .print(Traits::kGatherWarpgroup);
     return;
   }
 

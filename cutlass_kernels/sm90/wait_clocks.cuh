@@ -17,7 +17,7 @@ enum WaitSlot : int {
   kPairs,
   kWaitSlots = 8,
 };
-constexpr int kWaitRoles = 3;  // GEMM warpgroups 0 and 1, the gather
+constexpr int kWaitRoles = 3;  // GEMM warpgroups 0 and 1, the gather (the last)
 
 struct WaitClock {
 #ifdef DDTREE_WAIT_CLOCKS
@@ -31,9 +31,15 @@ struct WaitClock {
   }
   __device__ __forceinline__ void print(int role) const {
     if (slots && blockIdx.x == 0 && blockIdx.y == 0) {
-      printf("wait_clocks cta0 role %d: pairs %llu, pair loop %llu cycles; load %llu, S gemm %llu, partner %llu, PV gemm %llu\n",
-             role, slots[kPairs], slots[kPairCycles], slots[kLoadWait], slots[kSGemmWait], slots[kPartnerWait],
-             slots[kPvGemmWait]);
+      if (role == kWaitRoles - 1) {
+        printf("wait_clocks cta0 gather: pairs %llu, pair loop %llu cycles; waiting for parts to be released %llu\n",
+               slots[kPairs], slots[kPairCycles], slots[kLoadWait]);
+      } else {
+        printf("wait_clocks cta0 GEMM warpgroup %d: pairs %llu, pair loop %llu cycles; load %llu, S gemm %llu, partner %llu, "
+               "PV gemm %llu\n",
+               role, slots[kPairs], slots[kPairCycles], slots[kLoadWait], slots[kSGemmWait], slots[kPartnerWait],
+               slots[kPvGemmWait]);
+      }
     }
   }
 #else
