@@ -23,10 +23,6 @@ from bench.verify import Inputs, input_set_count, time_graph
 from ddtree_op import ops
 
 
-def _prepare(i: Inputs, status):
-    return i.prepare(status)  # as the step runs it (plan included)
-
-
 def _step(i: Inputs, backend: str, status):
     vb = i.vb
     return lambda: ddtree_op.mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=i.out, lse=i.lse, backend=backend,
@@ -73,8 +69,8 @@ def main(argv=None):
             continue
         inputs = [Inputs(case, seed) for seed in range(input_set_count(case))]
         status = ddtree_op.new_status("cuda")
-        prep = time_graph([_prepare(i, None) for i in inputs])
-        prep_status = time_graph([_prepare(i, status) for i in inputs])
+        prep = time_graph([i.prepare() for i in inputs])  # as the step runs it (plan included)
+        prep_status = time_graph([i.prepare(status) for i in inputs])
         step = time_graph([_step(i, args.backend, None) for i in inputs])
         step_status = time_graph([_step(i, args.backend, status) for i in inputs])
         ddtree_op.raise_on_status(status)  # the benchmark's inputs are valid

@@ -127,12 +127,11 @@ class Inputs:
         self.rows = vb.q.shape[0]
         self.words = math.ceil(self.max_draft / 64)
         self.kv_rows = kv_rows(vb.kv_cache)
-        self.verify_indptr, self.verify_indices = ops.build_verify_indices(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc)
-        self.mask_words = ops.convert_tree_mask(vb.tree_mask, vb.mask_indptr, vb.qo_indptr, vb.kv_indptr, "full", self.rows, self.words)
-        # The schedule plan as the step's preparation makes it, once: attention alone reads it (without
-        # one the sm90 backend would time a plan launch of its own), and prepare() rewrites it.
+        # The step's preparation, once: the attention alone reads its indices, mask words and schedule
+        # plan (without a plan the sm90 backend would time a plan launch of its own); prepare()
+        # rewrites the plan.
         self.plan = new_plan(vb.q, vb.qo_indptr)
-        ops.prepare_verify(*self._prepare_args())
+        self.verify_indptr, self.verify_indices, self.mask_words, _ = ops.prepare_verify(*self._prepare_args())
         self.out = torch.empty(self.rows, case.heads, 512, device="cuda", dtype=vb.q.dtype)
         self.lse = torch.empty(self.rows, case.heads, device="cuda")
 
