@@ -6,9 +6,10 @@ session allows (every GPU test JIT-loads the libraries once per process, then sh
 Collects the test ids once (PATHS and selections apply there) and deals them out in turn, so each
 process gets a share of every file; ids that contain a --together substring (default:
 cpu_in_subprocess, whose module fixture runs every CPU bad-value case at once) all go to the
-first process. The timeout counts from the start for every process; then a process is
-interrupted (it reports what it ran), and killed with its children if it does not stop. Prints
-each process's summary and the totals; exits 1 if a test failed or errored, a process reported
+first process. At the timeout (counted from the start) every process still running is
+interrupted at once (each reports what it ran) and killed with its children if it has not
+stopped 30 s later, so a caller's own limit must allow --timeout + 30 s. Prints each process's
+summary as it ends (logs in --log-dir), then the totals; exits 1 if a test failed or errored, a process reported
 nothing, or a process was cut.
 """
 
@@ -62,14 +63,18 @@ def summary_line(lines: list[str]) -> str:
     return next((line for line in reversed(lines) if SUMMARY.search(line)), "(no summary)")
 
 
-def stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
-    """SIGINT (pytest then reports what it ran), then SIGKILL to the process group if it stays."""
-    os.killpg(proc.pid, signal.SIGINT)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+def stop_all(procs: list[subprocess.Popen], grace: float = 30.0) -> None:
+    """SIGINT to every process group at once (pytest then reports what it ran), one shared grace
+    period, then SIGKILL to the groups that are still there."""
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGINT)
+    end = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def main(argv=None) -> int:
@@ -77,11 +82,14 @@ def main(argv=None) -> int:
     parser.add_argument("--processes", type=int, default=12)
     parser.add_argument("--timeout", type=float, default=0, help="seconds per process (0: none)")
     parser.add_argument("--together", action="append", default=None, help="an id substring kept in one process")
+    parser.add_argument("--log-dir", default=None, help="where each process's ids and log go (default: a new temporary folder)")
     args, pytest_args = parser.parse_known_args(argv)
     pytest_args = pytest_args or ["tests"]
     together = args.together if args.together is not None else ["cpu_in_subprocess"]
     shares = deal(collect(pytest_args), max(1, args.processes), together)
-    workdir = Path(tempfile.mkdtemp(prefix="ddtree_tests_"))
+    workdir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="ddtree_tests_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    print(f"{len(shares)} processes, logs in {workdir}", flush=True)
     runs = []
     for k, share in enumerate(shares):
         ids_file = workdir / f"ids{k}.txt"
@@ -94,13 +102,10 @@ def main(argv=None) -> int:
     deadline = time.monotonic() + args.timeout if args.timeout else None
     failed = False
     summed: dict[str, int] = {}
-    for k, (proc, log, count) in enumerate(runs):
-        try:
-            proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-            cut = False
-        except subprocess.TimeoutExpired:
-            stop(proc)
-            cut = True
+
+    def report(k: int, cut: bool) -> None:  # as each process ends, so a run stopped from outside keeps what ended
+        nonlocal failed
+        proc, log, count = runs[k]
         log.close()
         lines = (workdir / f"log{k}.txt").read_text().strip().splitlines()
         for line in lines:
@@ -112,6 +117,18 @@ def main(argv=None) -> int:
             summed[kind] = summed.get(kind, 0) + n
         failed |= cut or proc.returncode != 0 or not counts  # pytest exits non-zero on a failure or an error
         print(f"process {k} ({count} tests){' CUT BY THE TIMEOUT' if cut else ''}: {summary}", flush=True)
+
+    running = set(range(len(runs)))
+    while running and (deadline is None or time.monotonic() < deadline):
+        for k in sorted(running):
+            if runs[k][0].poll() is not None:
+                running.discard(k)
+                report(k, cut=False)
+        time.sleep(0.5)
+    if running:
+        stop_all([runs[k][0] for k in sorted(running)])
+        for k in sorted(running):
+            report(k, cut=True)
     print(f"total: {', '.join(f'{n} {kind}' for kind, n in summed.items())} (logs in {workdir})")
     return 1 if failed else 0
 

@@ -2,6 +2,7 @@
 
   ncu --clock-control none -k regex:verify_attention python -m bench.profile_case H128_n64_B8_P8192
   python -m bench.profile_case H16_n4_B1_P1024 --kernels   # per-kernel GPU time inside graph replays
+  python -m bench.profile_case H16_n4_B1_P1024 --kernels --step   # the same for the whole step
 """
 
 from __future__ import annotations
@@ -34,18 +35,23 @@ def kernel_times(launches, replays: int = 20) -> None:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("case", help="a case name from bench/cases.py")
-    parser.add_argument("--backend", default="sm90", help="a backend, or paged:BACKEND (the attention over 64-row pages)")
+    parser.add_argument("--backend", default="sm90",
+                        help="a backend, paged:BACKEND (the attention over 64-row pages), or flashmla (the yardstick)")
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--kernels", action="store_true", help="print per-kernel GPU time inside graph replays")
     parser.add_argument("--sets", type=int, default=8, help="input sets rotated in the graph (--kernels)")
+    parser.add_argument("--step", action="store_true", help="the whole step (preparation + attention), not the attention alone")
     args = parser.parse_args(argv)
     case = next((c for c in all_cases() if c.name == args.case), None)
     if case is None:
         raise SystemExit(f"unknown case {args.case!r}")
     def attention(inputs):
+        if args.backend == "flashmla":
+            return inputs.flashmla()
         if args.backend.startswith("paged:"):
-            return inputs.paged_attention(args.backend.split(":", 1)[1])
-        return inputs.attention(args.backend)
+            backend = args.backend.split(":", 1)[1]
+            return inputs.paged_step(backend) if args.step else inputs.paged_attention(backend)
+        return inputs.whole_step(args.backend) if args.step else inputs.attention(args.backend)
 
     if args.kernels:
         kernel_times([attention(Inputs(case, seed)) for seed in range(args.sets)])

@@ -2,10 +2,12 @@
 has: no status, no plan), timed by the checkout's own bench/verify.py, for comparing two
 checkouts in one run, e.g. the sanitizing's cost against the last tree before the bounds checks:
 
-  for tree in . ../old; do (cd $tree && PYTHONPATH=$PWD python3 $OLDPWD/bench/time_prepare.py grid); done
+  cp bench/time_prepare.py ../old/bench/
+  for tree in . ../old; do (cd $tree && PYTHONPATH=$PWD python3 -m bench.time_prepare grid); done
 
 It imports whatever `ddtree_op` and `bench` are first on the path (the checkout it runs in),
-so the same script times any version; prints one line per case and the geomean.
+so the same script times any version; prints one line per case and the geomean. It rotates as
+many input sets as the benchmark does (making a set's random KV takes seconds on the host).
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import math
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("cases", nargs="?", default="grid", help="a tag (grid, ragged, serving) or comma-separated case names")
-    parser.add_argument("--sets", type=int, default=8, help="input sets rotated in the graph")
+    parser.add_argument("--sets", type=int, default=0, help="input sets rotated in the graph (0: as many as the benchmark rotates)")
     args = parser.parse_args(argv)
     # The checkout's own modules (PYTHONPATH), whichever version it is.
     from bench.cases import all_cases
-    from bench.verify import time_graph
+    from bench.verify import input_set_count, time_graph
     from ddtree_op import ops
     from ddtree_op.synthetic import make_verify_batch
 
@@ -32,12 +34,15 @@ def main(argv=None) -> None:
     times = []
     for case in cases:
         launches = []
-        for seed in range(args.sets):
+        # The batch's random q and KV (most of the time it takes to make) are dropped once made:
+        # the preparation reads only the indices and the mask.
+        for seed in range(args.sets or input_set_count(case)):
             vb = make_verify_batch(list(case.prefix_lens), list(case.draft_lens), case.heads, device="cuda", seed=seed,
                                    chain=case.chain)
-            rows, words = vb.q.shape[0], math.ceil(max(case.draft_lens) / 64)
-            launches.append(lambda vb=vb, rows=rows, words=words: ops.prepare_verify(
-                vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, "full", rows, words))
+            prep_args = (vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, "full",
+                         vb.q.shape[0], math.ceil(max(case.draft_lens) / 64))
+            del vb
+            launches.append(lambda prep_args=prep_args: ops.prepare_verify(*prep_args))
         us = time_graph(launches) * 1e6
         times.append(us)
         print(f"{case.name:28s} prepare {us:8.2f} us", flush=True)
