@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Kernel variants A/B in one device call: trees under .snap/ (bench/snapshot_trees.sh), the first
+# one the base. Builds every tree (and, with WAIT_CLOCKS=1, its debug build) in parallel, runs
+# each variant's sm90 tests (a failing variant is not timed), times attention alone on
+# ${CASES:-grid} for each tree one after another (sm90, paged:sm90, FlashMLA beside), compares
+# them (bench/compare_runs.py) and, with WAIT_CLOCKS=1, prints each tree's wait clocks.
+#   run(command="bash bench/device_ab.sh main v14", carry=[".whl", ".snap"])
+# Writes under $OUT: ab.txt, grid_<tree>.json, tests.log, wait_clocks.log, build.log.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+[ $# -ge 1 ] || { echo "usage: device_ab.sh TREE... (under .snap/)"; exit 2; }
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONUNBUFFERED=1
+in_tree() {  # TREE CACHE_SUFFIX NVCC_EXTRA COMMAND...: the command in that tree with its own build cache
+  local tree=$1 suffix=$2 extra=$3; shift 3
+  (cd "$root/.snap/$tree" && PYTHONPATH=/tmp/site:$root/.snap/$tree DDTREE_CACHE_DIR=/tmp/ddc_$tree$suffix \
+     DDTREE_NVCC_EXTRA="$extra" "$@")
+}
+build='import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")'
+for tree in "$@"; do
+  in_tree "$tree" "" "" python3 -c "$build" > "/tmp/build_$tree.log" 2>&1 &
+  [ "${WAIT_CLOCKS:-0}" = 1 ] && in_tree "$tree" _wc -DDDTREE_WAIT_CLOCKS python3 -c "$build" > "/tmp/build_${tree}_wc.log" 2>&1 &
+done
+wait
+for f in /tmp/build_*.log; do echo "== $f"; grep -v DEBUG "$f" | tail -n 2; done > "$OUT/build.log"
+echo "built at $SECONDS s"
+timed=()
+for tree in "$@"; do
+  if [ "$tree" != "$1" ]; then
+    echo "== $tree" >> "$OUT/tests.log"
+    in_tree "$tree" "" "" timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu_sm90.py \
+      tests/test_gpu_attention.py tests/test_gpu_persistent.py tests/test_paged.py -k sm90 2>&1 | grep -v DEBUG | tail -n 4 \
+      >> "$OUT/tests.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "$tree: tests failed or timed out, not timed"; continue; }
+  fi
+  timed+=("$tree")
+done
+echo "tested at $SECONDS s"
+specs=()
+for tree in "${timed[@]}"; do
+  in_tree "$tree" "" "" timeout "${GRID_TIMEOUT:-170}" python3 -m bench.verify --cases "${CASES:-grid}" --no-prep \
+    --backends sm90,paged:sm90,flashmla --out "/tmp/r_$tree" 2>&1 | grep --line-buffered -E "^NVIDIA|wrote" 
+  cp "/tmp/r_$tree/results.json" "$OUT/grid_$tree.json" && specs+=("$tree=$OUT/grid_$tree.json")
+  echo "$tree timed at $SECONDS s"
+done
+PYTHONPATH=$root python3 -m bench.compare_runs "${specs[@]}" > "$OUT/ab.txt" 2>&1; grep -E "^sm90|^paged" "$OUT/ab.txt"
+if [ "${WAIT_CLOCKS:-0}" = 1 ]; then
+  for tree in "$@"; do
+    for case in "H128_n64_B8_P8192 paged:sm90" "H128_n64_B8_P8192 sm90" "H16_n4_B1_P1024 sm90"; do
+      read -r shape backend <<< "$case"
+      echo "== $tree $shape $backend"
+      in_tree "$tree" _wc -DDDTREE_WAIT_CLOCKS timeout 40 python3 -m bench.profile_case "$shape" --backend "$backend" --iters 1 2>&1 \
+        | grep wait_clocks
+    done
+  done > "$OUT/wait_clocks.log"
+fi
+tail -n 4 "$OUT/tests.log"
