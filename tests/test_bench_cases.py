@@ -73,3 +73,22 @@ def test_parallel_tests_deal_every_id_once_and_keep_the_grouped_ones_together():
     assert summary_line(["....", "== 2 passed, 1 skipped in 3.10s ==", "Exception ignored in: <atexit>"]) == \
         "== 2 passed, 1 skipped in 3.10s =="
     assert summary_line(["!!! KeyboardInterrupt !!!", "no tests ran in 3.22s"]) == "no tests ran in 3.22s"
+
+
+def test_compare_runs_divides_shape_by_shape_against_the_first_run(tmp_path, capsys):
+    import json
+
+    from bench.compare_runs import main
+
+    def run(name, times):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"rows": [{"case": c, "time_us": t} for c, t in times.items()]}))
+        return f"{name}={path}"
+
+    base = run("base", {"A": {"sm90": 10.0, "flashmla": 5.0}, "B": {"sm90": 40.0, "flashmla": 20.0}})
+    variant = run("new", {"A": {"sm90": 20.0, "flashmla": 5.0}, "B": {"sm90": 10.0, "flashmla": 20.0}})
+    main([base, variant, "--columns", "sm90"])
+    out = capsys.readouterr().out
+    assert "sm90: base / FlashMLA 2.000 (worst 2.000)" in out
+    assert "sm90: new / base 0.7071 (0.250-2.000, 2 shapes)" in out  # sqrt(2 * 0.25)
+    assert "sm90: new / FlashMLA 1.414 (worst 4.000)" in out
