@@ -22,7 +22,7 @@ def main(argv=None) -> None:
     parser.add_argument("--sets", type=int, default=0, help="input sets rotated in the graph (0: as many as the benchmark rotates)")
     args = parser.parse_args(argv)
     # The checkout's own modules (PYTHONPATH), whichever version it is.
-    from bench.cases import all_cases
+    from bench.cases import all_cases, geomean
     from bench.verify import input_set_count, time_graph
     from ddtree_op import ops
     from ddtree_op.synthetic import make_verify_batch
@@ -46,7 +46,7 @@ def main(argv=None) -> None:
         us = time_graph(launches) * 1e6
         times.append(us)
         print(f"{case.name:28s} prepare {us:8.2f} us", flush=True)
-    print(f"geomean {math.exp(sum(map(math.log, times)) / len(times)):.2f} us over {len(times)} cases")
+    print(f"geomean {geomean(times):.2f} us over {len(times)} cases")
 
 
 if __name__ == "__main__":
