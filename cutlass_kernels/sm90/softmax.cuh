@@ -22,16 +22,27 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 // Scales S to base-2 logits, sets invisible columns to -inf, and returns each row's maximum.
+// Most tiles (all of a long prefix) have every key visible to every row of the warp: those skip
+// the bit test per element.
 template <class AccS>
 __device__ __forceinline__ void mask_and_row_max(AccS& acc_s, const uint64_t (&visible)[2], float scale_log2,
                                                  int quad_lane, float (&tile_max)[2]) {
   tile_max[0] = tile_max[1] = -INFINITY;
-  CUTE_UNROLL
-  for (int i = 0; i < cute::size(acc_s); ++i) {
-    const int j = (i / 2) % 2, col = 8 * (i / 4) + 2 * quad_lane + i % 2;
-    const float s = (visible[j] >> col) & 1 ? acc_s(i) * scale_log2 : -INFINITY;
-    acc_s(i) = s;
-    tile_max[j] = fmaxf(tile_max[j], s);
+  if (__all_sync(0xffffffff, (visible[0] & visible[1]) == ~uint64_t(0))) {
+    CUTE_UNROLL
+    for (int i = 0; i < cute::size(acc_s); ++i) {
+      const int j = (i / 2) % 2;
+      acc_s(i) *= scale_log2;
+      tile_max[j] = fmaxf(tile_max[j], acc_s(i));
+    }
+  } else {
+    CUTE_UNROLL
+    for (int i = 0; i < cute::size(acc_s); ++i) {
+      const int j = (i / 2) % 2, col = 8 * (i / 4) + 2 * quad_lane + i % 2;
+      const float s = (visible[j] >> col) & 1 ? acc_s(i) * scale_log2 : -INFINITY;
+      acc_s(i) = s;
+      tile_max[j] = fmaxf(tile_max[j], s);
+    }
   }
   CUTE_UNROLL
   for (int j = 0; j < 2; ++j) tile_max[j] = quad_max(tile_max[j]);
