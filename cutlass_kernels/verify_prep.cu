@@ -12,6 +12,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <string>
+
 #include "tree_mask.cuh"
 #include "verify_indices.cuh"
 #include "verify_plan.cuh"
@@ -46,12 +48,25 @@ __global__ void __launch_bounds__(kThreads) prepare_verify_kernel(ddtree::BatchL
   ddtree::finish_status(status, inputs);
 }
 
+// The status's data, or null without one. The message is one string: on the H200 this check,
+// with the size streamed into the message, crashed the process (SIGSEGV) instead of raising, while
+// the checks whose messages are strings only raise (docs/kernel-log.md, bounds safety).
+int32_t* checked_status_data(const c10::optional<at::Tensor>& status, c10::Device device) {
+  if (!status.has_value()) return nullptr;
+  TORCH_CHECK(status->is_cuda() && status->device() == device && status->scalar_type() == at::kInt &&
+                  status->is_contiguous() && status->numel() >= ddtree::kStatusSize,
+              std::string("ddtree_op: argument 'status' must be a contiguous int32 tensor of ") +
+                  std::to_string(ddtree::kStatusSize) + " entries on the device of q (ddtree_op.new_status)");
+  return status->data_ptr<int32_t>();
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> prepare_verify_cuda(
     const at::Tensor& qo_indptr, const at::Tensor& kv_indptr, const at::Tensor& kv_indices,
     const at::Tensor& out_cache_loc, const at::Tensor& tree_mask, const c10::optional<at::Tensor>& mask_indptr,
     c10::string_view layout, int64_t num_rows, int64_t words_per_row, int64_t num_slots, int64_t max_draft_len,
     const c10::optional<at::Tensor>& status, const c10::optional<at::Tensor>& plan, int64_t heads, int64_t plan_ctas,
     int64_t plan_splits) {
+  int32_t* const status_data = checked_status_data(status, qo_indptr.device());
   const c10::cuda::CUDAGuard guard(qo_indptr.device());
   auto [index, verify_indptr, verify_indices] =
       make_verify_index_args(qo_indptr, kv_indptr, kv_indices, out_cache_loc, num_slots);
@@ -63,14 +78,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> prepare_verify_cuda(
   const ddtree::BatchLimits limits = ddtree::make_batch_limits(
       qo_indptr, kv_indptr, reads_mask_indptr, num_rows, out_cache_loc.numel(), kv_indices.numel(),
       64 * words_per_row, max_draft_len, packed_width);
-  int32_t* status_data = nullptr;
-  if (status.has_value()) {
-    TORCH_CHECK(status->is_cuda() && status->device() == qo_indptr.device() && status->scalar_type() == at::kInt &&
-                    status->is_contiguous() && status->numel() >= ddtree::kStatusSize,
-                "ddtree_op: argument 'status' must be a contiguous int32 tensor of ", ddtree::kStatusSize,
-                " entries on the device of q (ddtree_op.new_status)");
-    status_data = status->data_ptr<int32_t>();
-  }
   const ddtree::StatusView status_view = ddtree::make_status_view(status_data);
   const ddtree::StatusInputs inputs{view_of(qo_indptr), view_of(kv_indptr), view_of(kv_indices), view_of(out_cache_loc),
                                     limits.mask_indptr, limits.has_mask_indptr, tree_mask.numel()};

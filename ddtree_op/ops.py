@@ -88,6 +88,8 @@ def _prepare_verify_cpu(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_ma
 def _prepare_verify_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows, words_per_row,
                          num_slots=prep.CLAMP_HIGH, max_draft_len=0, status=None, plan=None, heads=0):
     # Both preparation steps, the checks, the status and the schedule plan in one launch.
+    if status is not None:
+        check_status_tensor(status)  # the ValueError of the CPU op (the CUDA op checks it too)
     build.load_cuda_library()
     ctas, splits = _plan_schedule(plan, qo_indptr, kv_indices, out_cache_loc, num_rows, heads)
     return torch.ops.ddtree_cuda.prepare_verify(

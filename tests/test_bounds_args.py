@@ -101,6 +101,38 @@ def test_prepare_op_checks_its_status_argument(device):
                                         vb.mask_indptr, "full", vb.q.shape[0], 1, vb.kv_cache.shape[0], 0, short)
 
 
+_RAW_PREPARE_WITH_STATUS = """
+import sys, torch
+from ddtree_op import build
+from ddtree_op.synthetic import make_verify_batch
+build.load_cuda_library()
+vb = make_verify_batch([6, 3], [3, 2], 2, device="cuda")
+status = {"short": torch.zeros(16, dtype=torch.int32, device="cuda"), "int64": torch.zeros(32, dtype=torch.int64, device="cuda"),
+          "cpu": torch.zeros(32, dtype=torch.int32)}[sys.argv[1]]
+try:
+    torch.ops.ddtree_cuda.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
+                                         vb.mask_indptr, "full", vb.q.shape[0], 1, vb.kv_cache.shape[0], 0, status, None, 0, 0, 0)
+except RuntimeError as error:
+    print("raised:", str(error).splitlines()[0])
+torch.cuda.synchronize()
+print("alive")
+"""
+
+
+@needs_cuda
+@pytest.mark.parametrize("bad", ["short", "int64", "cpu"])
+def test_raw_cuda_prepare_op_raises_on_a_bad_status(bad):
+    # The CUDA op itself, without the Python check in front of it, in a process of its own: a crash
+    # fails this test instead of the run.
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _RAW_PREPARE_WITH_STATUS, bad], capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "raised: ddtree_op: argument 'status'" in output and "alive" in output, output[-3000:]
+
+
 def test_raise_on_status_is_silent_on_a_clean_step_and_names_every_kind():
     status = ddtree_op.new_status()
     ddtree_op.raise_on_status(status)
