@@ -1,0 +1,69 @@
+"""Host-side accuracy of FP8-compute designs for an e4m3 KV cache (no GPU): the attention of one
+64-row block against an e4m3 cache, computed with q and P rounded the ways an FP8 wgmma kernel
+could hold them, each against the float64 reference on the same dequantized cache:
+
+  python -m bench.fp8_split_accuracy [--seed 0]
+
+  q:  bf16 (a bf16 S GEMM on a widened K), e4m3 with a scale per row, or the sum of two e4m3
+      parts (hi = e4m3(q), lo = e4m3(q - hi), each with a scale per row: two FP8 S GEMMs)
+  P:  bf16, e4m3 with each row's maximum at 256 (e4m3's subnormals start at 2^-9), or that plus
+      an e4m3 residual (two FP8 P·V GEMMs)
+
+Random normal q and KV (KV scaled by the spread, then rounded to e4m3 with a per-tensor scale).
+Prints the relative error ||out - ref|| / ||ref|| of each pair; the op's bound is 2e-2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+E4M3 = torch.float8_e4m3fn
+
+
+def e4m3_tensor(x: torch.Tensor) -> torch.Tensor:
+    scale = x.abs().amax() / 448.0
+    return (x / scale).to(E4M3).float() * scale
+
+
+def e4m3_rows(x: torch.Tensor) -> torch.Tensor:
+    scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 448.0
+    return (x / scale).to(E4M3).float() * scale
+
+
+def errors(prefix: int, spread: float, generator: torch.Generator) -> dict[str, float]:
+    q = torch.randn(64, 576, generator=generator)
+    kv = e4m3_tensor(torch.randn(prefix, 576, generator=generator) * spread)
+    scale = 1 / math.sqrt(576)
+    ref = torch.softmax(q.double() @ kv.double().T * scale, -1) @ kv[:, :512].double()
+    q_bf16 = q.bfloat16().float()
+    q_hi = e4m3_rows(q_bf16)
+    queries = {"q bf16": q_bf16, "q e4m3": e4m3_rows(q_bf16), "q e4m3 hi+lo": q_hi + e4m3_rows(q_bf16 - q_hi)}
+    result = {}
+    for q_name, q_used in queries.items():
+        logits = q_used @ kv.T * scale
+        e = torch.exp(logits - logits.amax(-1, keepdim=True))
+        p_hi = (e * 256).to(E4M3).float() / 256
+        p_lo = ((e - p_hi) * 4096).to(E4M3).float() / 4096  # the residual is below 2^-4 of P
+        for p_name, p_used in (("P bf16", e.bfloat16().float()), ("P e4m3", p_hi), ("P e4m3 hi+lo", p_hi + p_lo)):
+            out = (p_used @ kv[:, :512]) / e.sum(-1, keepdim=True)
+            result[f"{q_name}, {p_name}"] = ((out.double() - ref).norm() / ref.norm()).item()
+    return result
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    generator = torch.Generator().manual_seed(args.seed)
+    rows = [(p, s, errors(p, s, generator)) for p, s in ((1024, 1.0), (8192, 1.0), (8192, 3.0), (32768, 1.0))]
+    names = list(rows[0][2])
+    print(f"{'prefix, KV spread':18}" + "".join(f"{n:>27}" for n in names))
+    for prefix, spread, errs in rows:
+        print(f"{f'{prefix}, {spread}':18}" + "".join(f"{errs[n]:27.1e}" for n in names))
+
+
+if __name__ == "__main__":
+    main()
