@@ -1,0 +1,29 @@
+"""bench/sass_regions.py on a hand-written SASS listing: each setmaxnreg role's reachable code,
+its highest register (wide operands and HGMMA accumulators included) and its spills."""
+
+from bench import sass_regions
+
+LISTING = """
+		Function : kernel_a
+        /*0000*/                   ISETP.NE.AND P0, PT, R0, RZ, PT ;
+        /*0010*/               @P0 BRA 0x60 ;
+        /*0020*/                   USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xe8 ;
+        /*0030*/                   HGMMA.64x64x16.F32.BF16 R152, gdesc[UR24], RZ, !UPT ;
+        /*0040*/                   LDS.128 R200, [R3] ;
+        /*0050*/                   EXIT ;
+        /*0060*/                   USETMAXREG.DEALLOC.CTAPOOL 0x28 ;
+        /*0070*/                   STL [R1+0x8], R38 ;
+        /*0080*/               @P1 BRA 0xa0 ;
+        /*0090*/                   EXIT ;
+        /*00a0*/                   LDL.64 R40, [R1+0x8] ;
+        /*00b0*/                   EXIT ;
+"""
+
+
+def test_each_role_gets_its_reachable_code_registers_and_spills():
+    code = sass_regions.functions(LISTING)["kernel_a"]
+    gemm, gather = sass_regions.report(code)
+    # GEMM: the HGMMA's 32 accumulator registers from R152 reach R183, LDS.128 at R200 reaches R203
+    assert "setmaxnreg 232: 4 instructions, up to R203 OK, 0 spill" in gemm
+    # gather: its branch target is reachable; LDL.64 at R40 touches R41, above the 40 allowed
+    assert "setmaxnreg 40: 6 instructions, up to R41 ABOVE setmaxnreg 40, 2 spill" in gather
