@@ -34,8 +34,8 @@ wait
 timed=("$1")
 for tree in "${@:2}"; do
   { echo "== $tree"; grep -v DEBUG "/tmp/tests_$tree.log" | tail -n 4; } >> "$OUT/tests.log"
-  if grep -qE "^[0-9]+ passed" <(grep -v DEBUG "/tmp/tests_$tree.log" | tail -n 1) \
-     && ! grep -qE "failed|error" <(tail -n 1 "/tmp/tests_$tree.log"); then
+  summary=$(grep -v DEBUG "/tmp/tests_$tree.log" | tail -n 1)
+  if [[ "$summary" =~ ^[0-9]+\ passed && "$summary" != *failed* && "$summary" != *error* ]]; then
     timed+=("$tree")
   else
     echo "$tree: tests failed or timed out, not timed"

@@ -38,11 +38,13 @@ def functions(sass: str) -> dict[str, list[tuple[int, str]]]:
     return found
 
 
-def reachable(code: list[tuple[int, str]], start: int) -> set[int]:
-    """Indices of the instructions reachable from code[start] (branch targets and fall-through)."""
+def reachable(code: list[tuple[int, str]], start: int) -> tuple[set[int], bool]:
+    """Indices of the instructions reachable from code[start] (branch and call targets and
+    fall-through), and whether an indirect branch (BRX, JMX) left some targets unknown."""
     index_of = {address: i for i, (address, _) in enumerate(code)}
     seen: set[int] = set()
     todo = [start]
+    indirect = False
     while todo:
         i = todo.pop()
         if i in seen or i >= len(code):
@@ -51,32 +53,53 @@ def reachable(code: list[tuple[int, str]], start: int) -> set[int]:
         text = code[i][1]
         predicated = text.startswith("@")
         opcode = PREDICATE.sub("", text).split()[0]
-        if opcode.startswith(("BRA", "JMP")):
+        if opcode.startswith(("BRX", "JMX")):
+            indirect = True
+            if predicated:
+                todo.append(i + 1)
+        elif opcode.startswith(("BRA", "JMP", "CALL")):
             target = re.search(r"0x([0-9a-f]+)", text)
             if target and int(target.group(1), 16) in index_of:
                 todo.append(index_of[int(target.group(1), 16)])
-            if predicated:
+            if predicated or opcode.startswith("CALL"):  # a call returns to the next instruction
                 todo.append(i + 1)
         elif opcode.startswith(("EXIT", "RET")):
             if predicated:
                 todo.append(i + 1)
         else:
             todo.append(i + 1)
-    return seen
+    return seen, indirect
+
+
+def register_width(opcode: str) -> int:
+    """How many registers from its base a wide operand of this instruction takes."""
+    if re.match(r"(LDSM|STSM)\b.*\.4\b", opcode) or ".128" in opcode:
+        return 4
+    if re.match(r"(LDSM|STSM)\b.*\.2\b", opcode) or ".64" in opcode or ".WIDE" in opcode:
+        return 2
+    if opcode.split(".")[0] in ("DADD", "DMUL", "DFMA", "DSETP", "DMNMX") or ".F64" in opcode:
+        return 2
+    return 1
 
 
 def highest_register(text: str) -> int:
-    """The highest register an instruction touches, taking the registers after a base register
-    that wide operands use (.64, .128; an HGMMA's accumulator: N / 2 of them for 64 x N, fp32)."""
+    """The highest register an instruction may touch, counting the registers after a base register
+    that wide operands use (an over-estimate where a wide instruction also names narrow ones):
+    .64 / .WIDE / F64 two, .128 four, ldmatrix / stmatrix .x4 four (.x2 two), an HGMMA's fp32
+    accumulator N / 2 for 64 x N, and its A operand four when it comes from registers."""
     opcode = PREDICATE.sub("", text).split()[0]
-    width = 4 if ".128" in opcode else 2 if ".64" in opcode else 1
-    gmma = re.match(r"HGMMA\.64x(\d+)x\d+\.F32", opcode)
     registers = [int(r) for r in re.findall(r"\bR(\d+)\b", text)]
     if not registers:
         return -1
-    if gmma:  # the accumulator is the first operand
-        return max([registers[0] + int(gmma.group(1)) // 2 - 1] + registers[1:])
-    return max(registers) + width - 1
+    gmma = re.match(r"HGMMA\.64x(\d+)x\d+\.F32", opcode)
+    if gmma:
+        highest = registers[0] + int(gmma.group(1)) // 2 - 1  # the accumulator is the first operand
+        operands = PREDICATE.sub("", text).split(None, 1)[1].split(",")
+        a_operand = re.match(r"\s*R(\d+)", operands[1]) if len(operands) > 1 else None
+        if a_operand:
+            highest = max(highest, int(a_operand.group(1)) + 3)
+        return max([highest] + registers[1:])
+    return max(registers) + register_width(opcode) - 1
 
 
 def report(code: list[tuple[int, str]]) -> list[str]:
@@ -86,13 +109,13 @@ def report(code: list[tuple[int, str]]) -> list[str]:
             continue
         limit = re.search(r"0x([0-9a-f]+)", text)
         role = "gather (DEALLOC)" if "DEALLOC" in text else "GEMM (TRY_ALLOC)"
-        region = reachable(code, i)
+        region, indirect = reachable(code, i)
         highest = max((highest_register(code[j][1]) for j in region), default=-1)
         spills = sum(1 for j in region if re.search(r"\b(STL|LDL)\b", code[j][1]))
         cap = int(limit.group(1), 16) if limit else None
         verdict = "" if cap is None else (" OK" if highest < cap else f" ABOVE setmaxnreg {cap}")
         lines.append(f"  {role:17} setmaxnreg {cap}: {len(region)} instructions, up to R{highest}{verdict}, "
-                     f"{spills} spill instructions")
+                     f"{spills} spill instructions" + (" (indirect branches: incomplete)" if indirect else ""))
     return lines
 
 

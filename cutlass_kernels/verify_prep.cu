@@ -12,8 +12,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <string>
-
 #include "tree_mask.cuh"
 #include "verify_indices.cuh"
 #include "verify_plan.cuh"
@@ -48,15 +46,17 @@ __global__ void __launch_bounds__(kThreads) prepare_verify_kernel(ddtree::BatchL
   ddtree::finish_status(status, inputs);
 }
 
-// The status's data, or null without one. The message is one string: on the H200 this check,
-// with the size streamed into the message, crashed the process (SIGSEGV) instead of raising, while
-// the checks whose messages are strings only raise (docs/kernel-log.md, bounds safety).
+// The status's data, or null without one. Checked before the op makes anything, with a message
+// of literals only: on the H200 this check, with the size streamed into its message and thrown
+// below the op's allocations, crashed the process (SIGSEGV) instead of raising, while the checks
+// whose messages are literals raise (docs/kernel-log.md, "stsm landed, v14 and v14b not").
 int32_t* checked_status_data(const c10::optional<at::Tensor>& status, c10::Device device) {
   if (!status.has_value()) return nullptr;
+  static_assert(ddtree::kStatusSize == 32, "the message below says 32");
   TORCH_CHECK(status->is_cuda() && status->device() == device && status->scalar_type() == at::kInt &&
                   status->is_contiguous() && status->numel() >= ddtree::kStatusSize,
-              std::string("ddtree_op: argument 'status' must be a contiguous int32 tensor of ") +
-                  std::to_string(ddtree::kStatusSize) + " entries on the device of q (ddtree_op.new_status)");
+              "ddtree_op: argument 'status' must be a contiguous int32 tensor of 32 entries on the device of q "
+              "(ddtree_op.new_status)");
   return status->data_ptr<int32_t>();
 }
 

@@ -90,6 +90,9 @@ def _prepare_verify_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_m
     # Both preparation steps, the checks, the status and the schedule plan in one launch.
     if status is not None:
         check_status_tensor(status)  # the ValueError of the CPU op (the CUDA op checks it too)
+        if status.device != qo_indptr.device:
+            raise ValueError(f"ddtree_op: argument 'status' must be on the device of the indices ({qo_indptr.device}), "
+                             f"got {status.device}")
     build.load_cuda_library()
     ctas, splits = _plan_schedule(plan, qo_indptr, kv_indices, out_cache_loc, num_rows, heads)
     return torch.ops.ddtree_cuda.prepare_verify(

@@ -95,10 +95,13 @@ def test_status_argument_is_checked(bad):
 @pytest.mark.parametrize("device", DEVICES)
 def test_prepare_op_checks_its_status_argument(device):
     vb = make_verify_batch([6, 3], [3, 2], 2, device=device)
-    short = torch.zeros(16, dtype=torch.int32, device=device)
-    with pytest.raises((ValueError, RuntimeError), match="argument 'status'"):
-        torch.ops.ddtree.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
-                                        vb.mask_indptr, "full", vb.q.shape[0], 1, vb.kv_cache.shape[0], 0, short)
+    bad = [torch.zeros(16, dtype=torch.int32, device=device)]
+    if device == "cuda":
+        bad.append(torch.zeros(32, dtype=torch.int32))  # right size, on the CPU
+    for status in bad:
+        with pytest.raises((ValueError, RuntimeError), match="argument 'status'"):
+            torch.ops.ddtree.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
+                                            vb.mask_indptr, "full", vb.q.shape[0], 1, vb.kv_cache.shape[0], 0, status)
 
 
 _RAW_PREPARE_WITH_STATUS = """

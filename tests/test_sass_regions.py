@@ -17,6 +17,14 @@ LISTING = """
         /*0090*/                   EXIT ;
         /*00a0*/                   LDL.64 R40, [R1+0x8] ;
         /*00b0*/                   EXIT ;
+		Function : kernel_b
+        /*0000*/                   USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xe8 ;
+        /*0010*/                   CALL.REL.NOINC 0x50 ;
+        /*0020*/                   STSM.16.M88.4 [R185], R8 ;
+        /*0030*/                   IMAD.WIDE.U32 R20, R3, 0x4, R4 ;
+        /*0040*/                   EXIT ;
+        /*0050*/                   MOV R230, R2 ;
+        /*0060*/                   RET.REL.NODEC R20 0x0 ;
 """
 
 
@@ -27,3 +35,15 @@ def test_each_role_gets_its_reachable_code_registers_and_spills():
     assert "setmaxnreg 232: 4 instructions, up to R203 OK, 0 spill" in gemm
     # gather: its branch target is reachable; LDL.64 at R40 touches R41, above the 40 allowed
     assert "setmaxnreg 40: 6 instructions, up to R41 ABOVE setmaxnreg 40, 2 spill" in gather
+
+
+def test_call_targets_and_wide_operands_count():
+    (gemm,) = sass_regions.report(sass_regions.functions(LISTING)["kernel_b"])
+    # R230 is named only in the routine the role calls
+    assert "setmaxnreg 232: 7 instructions, up to R230 OK, 0 spill" in gemm
+    # stmatrix.x4 takes four registers from its base; the width is also applied to the address
+    # register (an over-estimate, the safe side)
+    assert sass_regions.highest_register("STSM.16.M88.4 [R185], R8") == 188
+    assert sass_regions.highest_register("STSM.16.M88.4 [R5], R8") == 11
+    assert sass_regions.highest_register("IMAD.WIDE.U32 R20, R3, 0x4, R4") == 21
+    assert sass_regions.highest_register("HGMMA.64x256x16.F32.BF16 R24, R200, gdesc[UR4], R24") == 203
