@@ -46,10 +46,9 @@ __global__ void __launch_bounds__(kThreads) prepare_verify_kernel(ddtree::BatchL
   ddtree::finish_status(status, inputs);
 }
 
-// The status's data, or null without one. Checked before the op makes anything, with a message
-// of literals only: on the H200 this check, with the size streamed into its message and thrown
-// below the op's allocations, crashed the process (SIGSEGV) instead of raising, while the checks
-// whose messages are literals raise (docs/kernel-log.md, "stsm landed, v14 and v14b not").
+// The status's data, or null without one. Checked before the op makes anything, its message
+// literals only: with the size streamed into it, this check crashed the process instead of
+// raising (docs/kernel-log.md, "stsm landed, v14 and v14b not").
 int32_t* checked_status_data(const c10::optional<at::Tensor>& status, c10::Device device) {
   if (!status.has_value()) return nullptr;
   static_assert(ddtree::kStatusSize == 32, "the message below says 32");

@@ -39,6 +39,12 @@ def _check_tensor(name: str, t, *, ndim: int | None = None, dtypes=None, device=
         _fail(name, f"on {device} (the device of q)", str(t.device))
 
 
+def check_status_argument(status, device) -> None:
+    """A caller's status tensor: its layout (ddtree_op.new_status) and its device."""
+    check_status_tensor(status)
+    _check_tensor("status", status, device=device)
+
+
 def kv_rows(kv_cache: torch.Tensor) -> torch.Tensor:
     """[S, 576] view of a `[S, 576]` or `[S, 1, 576]` KV pool (no copy)."""
     return kv_cache.select(1, 0) if kv_cache.dim() == 3 else kv_cache
@@ -129,8 +135,7 @@ def check_verify_shapes(
         if tuple(lse.shape) != (tokens, heads):
             _fail("lse", f"of shape {(tokens, heads)}", f"shape {tuple(lse.shape)}")
     if status is not None:
-        check_status_tensor(status)
-        _check_tensor("status", status, device=dev)
+        check_status_argument(status, dev)
 
 
 def check_kv_scale(kv_cache, kv_scale, device) -> None:

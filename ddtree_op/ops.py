@@ -10,7 +10,7 @@ import torch
 
 from . import backends, build, meta, prep
 from .contract import LATENT_DIM
-from .status import check_status_tensor
+from .checks import check_status_argument
 
 _lib = torch.library.Library("ddtree", "DEF")  # module-level: the ops live as long as this
 
@@ -79,7 +79,7 @@ def _plan_schedule(plan, qo_indptr, kv_indices, out_cache_loc, num_rows, heads):
 def _prepare_verify_cpu(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows, words_per_row,
                         num_slots=prep.CLAMP_HIGH, max_draft_len=0, status=None, plan=None, heads=0):
     if status is not None:
-        check_status_tensor(status)  # as the CUDA op checks it
+        check_status_argument(status, qo_indptr.device)  # as the CUDA op checks it
     ctas, splits = _plan_schedule(plan, qo_indptr, kv_indices, out_cache_loc, num_rows, heads)
     return prep.prepare_verify_checked(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows,
                                        words_per_row, num_slots, max_draft_len, status, plan, heads, ctas, splits)
@@ -89,10 +89,7 @@ def _prepare_verify_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_m
                          num_slots=prep.CLAMP_HIGH, max_draft_len=0, status=None, plan=None, heads=0):
     # Both preparation steps, the checks, the status and the schedule plan in one launch.
     if status is not None:
-        check_status_tensor(status)  # the ValueError of the CPU op (the CUDA op checks it too)
-        if status.device != qo_indptr.device:
-            raise ValueError(f"ddtree_op: argument 'status' must be on the device of the indices ({qo_indptr.device}), "
-                             f"got {status.device}")
+        check_status_argument(status, qo_indptr.device)  # a ValueError before the CUDA op's own check
     build.load_cuda_library()
     ctas, splits = _plan_schedule(plan, qo_indptr, kv_indices, out_cache_loc, num_rows, heads)
     return torch.ops.ddtree_cuda.prepare_verify(
