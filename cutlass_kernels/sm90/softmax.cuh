@@ -10,6 +10,8 @@
 
 #include <cute/tensor.hpp>
 
+#include "numeric.cuh"
+
 namespace ddtree::sm90 {
 
 __device__ __forceinline__ float quad_max(float v) {
@@ -57,23 +59,27 @@ __device__ __forceinline__ RowUpdate raise_row_max(float old_max, float tile_max
   RowUpdate u;
   u.max = fmaxf(old_max, tile_max);
   u.safe_max = u.max == -INFINITY ? 0.f : u.max;
-  u.scale = exp2f(old_max - u.safe_max);
+  u.scale = exp2_approx(old_max - u.safe_max);
   return u;
 }
 
-// acc_s(i) = exp2(acc_s(i) - safe_max of its row), probs = the same in the GEMM's type; returns
-// this thread's part of each row's sum.
+// acc_s(i) = exp2(acc_s(i) - safe_max of its row), probs = the same in the GEMM's type (values
+// 2 k and 2 k + 1, one row's neighbours, converted together into the k-th 32-bit word of the
+// compact fragment); returns this thread's part of each row's sum.
 template <class AccS, class Probs>
 __device__ __forceinline__ void exponentiate(AccS& acc_s, Probs& probs, const float (&safe_max)[2], float (&part_sum)[2]) {
   using Element = typename Probs::value_type;
+  static_assert(cute::size(AccS{}) % 2 == 0 && sizeof(Element) == 2, "pairs of 16-bit probabilities");
+  uint32_t* const words = reinterpret_cast<uint32_t*>(probs.data());
   part_sum[0] = part_sum[1] = 0.f;
   CUTE_UNROLL
-  for (int i = 0; i < cute::size(acc_s); ++i) {
+  for (int i = 0; i < cute::size(acc_s); i += 2) {
     const int j = (i / 2) % 2;
-    const float e = exp2f(acc_s(i) - safe_max[j]);
-    acc_s(i) = e;
-    part_sum[j] += e;
-    probs(i) = Element(e);
+    const float e0 = exp2_approx(acc_s(i) - safe_max[j]), e1 = exp2_approx(acc_s(i + 1) - safe_max[j]);
+    acc_s(i) = e0;
+    acc_s(i + 1) = e1;
+    part_sum[j] += e0 + e1;
+    words[i / 2] = pack_pair<Element>(e0, e1);
   }
 }
 
