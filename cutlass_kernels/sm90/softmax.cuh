@@ -50,16 +50,25 @@ __device__ __forceinline__ void mask_and_row_max(AccS& acc_s, const uint64_t (&v
   for (int j = 0; j < 2; ++j) tile_max[j] = quad_max(tile_max[j]);
 }
 
-// The new maximum of a row and the factor for what was accumulated under the old one. A row that
-// has seen nothing keeps -inf and exponentiates against 0, so its probabilities are exactly 0.
+// How far (base 2) a tile's maximum may rise above the row's before the row's maximum moves:
+// probabilities then stay <= 2^8, far from overflow in bf16, fp16 and the fp32 sums, and O is
+// rescaled only when a maximum jumps, which after a row's first tiles is rare.
+constexpr float kMaxRiseLog2 = 8.f;
+
+// The row's reference maximum after a tile and the factor for what was accumulated under the old
+// one: the old maximum (factor exactly 1) unless the tile's is more than kMaxRiseLog2 above it.
+// So it trails the row's logits by at most kMaxRiseLog2, which is all the softmax needs: the sums
+// and O are both taken under it, and the lse adds it back. A row that has seen nothing keeps -inf
+// and exponentiates against 0, so its probabilities are exactly 0.
 struct RowUpdate {
   float max, safe_max, scale;
 };
 __device__ __forceinline__ RowUpdate raise_row_max(float old_max, float tile_max) {
   RowUpdate u;
-  u.max = fmaxf(old_max, tile_max);
+  const bool moves = tile_max > old_max + kMaxRiseLog2;  // false for a tile_max of -inf
+  u.max = moves ? tile_max : old_max;
   u.safe_max = u.max == -INFINITY ? 0.f : u.max;
-  u.scale = exp2_approx(old_max - u.safe_max);
+  u.scale = moves ? exp2_approx(old_max - u.safe_max) : 1.f;
   return u;
 }
 

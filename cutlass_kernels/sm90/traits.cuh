@@ -78,7 +78,7 @@ struct VerifyTraits {
     uint64_t q_full;
     uint64_t chunk_empty[kReleaseGroups];         // a release group's last reader is done with it
     uint16_t key_slots[2][kStages][4];  // [pair parity][stage][warp]: keys with a slot (gather.cuh)
-    float row_max[kRows];               // running maximum per row (base 2), updated by both in turn
+    float row_max[kRows];               // reference maximum per row (base 2, softmax.cuh), updated by both in turn
     float scale0[kRows], scale1[kRows]; // each warpgroup's rescale factor of the current pair
     float row_sum[kMmaWarpgroups][kRows];  // the final sums of both warpgroups
 #ifdef DDTREE_WAIT_CLOCKS
