@@ -84,3 +84,16 @@ def test_rising_logits_move_the_row_maximum_in_jumps():
     for schedule in ({"schedule": "split", "num_splits": 1}, {"schedule": "split", "num_splits": 3}, {"schedule": "persistent"}):
         out, lse = run_sm90(vb, **schedule)
         assert_matches_reference(out, lse, ref_out, ref_lse)
+
+
+def test_negative_scale_matches_reference():
+    """A negative sm_scale reverses the order of the logits (the kernel then scales S before its
+    row maximum instead of in the exponent); masked drafts and both schedules, against the reference."""
+    import dataclasses
+
+    vb = make_verify_batch([1500, 90], [16, 5], 16, device="cuda", pad_rows=1, seed=29)
+    vb = dataclasses.replace(vb, sm_scale=-vb.sm_scale)
+    ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
+    for schedule in ({"schedule": "split", "num_splits": 1}, {"schedule": "split", "num_splits": 4}, {"schedule": "persistent"}):
+        out, lse = run_sm90(vb, **schedule)
+        assert_matches_reference(out, lse, ref_out, ref_lse)
