@@ -186,7 +186,7 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
     uint64_t visible[2];
     if constexpr (kWarpgroup == 0) {
       seg.mask.tile_bits(kv0, seg.row0, my_row, read_key_slots(st.key_slots[phase][0]), visible);
-      const float logit_scale = mask_and_row_max(acc_s, visible, seg.scale_log2, quad_lane, tile_max);
+      mask_and_row_max(acc_s, visible, seg.scale_log2, quad_lane, tile_max);
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) {
         const RowUpdate u = raise_row_max(st.row_max[my_row + 8 * j], tile_max[j]);
@@ -203,7 +203,7 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
         }
       }
       NamedBarrier::arrive(kThreads, kScale0Ready);
-      exponentiate(acc_s, probs, logit_scale, safe_max, part_sum);
+      exponentiate(acc_s, probs, safe_max, part_sum);
       // P0 under m0 for warpgroup 1 (which brings O_R to m0 first), stored before P0 V0_L so
       // nothing reads P's registers while the GEMM that reads them is in flight.
       store_probs<Traits>(stage0, probs, wg_thread);
@@ -230,7 +230,7 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
       Barrier::arrive(&st.chunk_empty[State::kStage1Low]);
     } else {
       seg.mask.tile_bits(kv0, seg.row0, my_row, read_key_slots(st.key_slots[phase][1]), visible);
-      const float logit_scale = mask_and_row_max(acc_s, visible, seg.scale_log2, quad_lane, tile_max);
+      mask_and_row_max(acc_s, visible, seg.scale_log2, quad_lane, tile_max);
       sync_partner(kScale0Ready);
       float scale0[2];
       CUTE_UNROLL
@@ -250,7 +250,7 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
         }
       }
       NamedBarrier::arrive(kThreads, kScale1Ready);
-      exponentiate(acc_s, probs, logit_scale, safe_max, part_sum);
+      exponentiate(acc_s, probs, safe_max, part_sum);
       store_probs<Traits>(stage1, probs, wg_thread);
       NamedBarrier::arrive(kThreads, kP1Ready);
       // O_R to m0 for P0 V0_R (P0 is under m0), then to m1 for P1 V1_R.

@@ -23,37 +23,31 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffff, v, 2);
 }
 
-// Sets invisible columns of S to -inf and returns each row's maximum in base-2 logits, and the
-// factor the exponentials apply to S (exponentiate). With a positive scale the order of S is the
-// order of the logits, so S stays as the GEMM left it and the scale is applied in the exponent's
-// FFMA; a negative scale (allowed) reverses it, so S is scaled here first and the factor is 1.
+// Scales S to base-2 logits, sets invisible columns to -inf, and returns each row's maximum.
 // Most tiles (all of a long prefix) have every key visible to every row of the warp: those skip
 // the bit test per element.
 template <class AccS>
-__device__ __forceinline__ float mask_and_row_max(AccS& acc_s, const uint64_t (&visible)[2], float scale_log2,
-                                                  int quad_lane, float (&tile_max)[2]) {
-  const bool raw = scale_log2 > 0.f;  // uniform over the grid
-  const float pre_scale = raw ? 1.f : scale_log2;
+__device__ __forceinline__ void mask_and_row_max(AccS& acc_s, const uint64_t (&visible)[2], float scale_log2,
+                                                 int quad_lane, float (&tile_max)[2]) {
   tile_max[0] = tile_max[1] = -INFINITY;
   if (__all_sync(0xffffffff, (visible[0] & visible[1]) == ~uint64_t(0))) {
-    if (!raw) {
-      CUTE_UNROLL
-      for (int i = 0; i < cute::size(acc_s); ++i) acc_s(i) *= scale_log2;
-    }
     CUTE_UNROLL
-    for (int i = 0; i < cute::size(acc_s); ++i) tile_max[(i / 2) % 2] = fmaxf(tile_max[(i / 2) % 2], acc_s(i));
+    for (int i = 0; i < cute::size(acc_s); ++i) {
+      const int j = (i / 2) % 2;
+      acc_s(i) *= scale_log2;
+      tile_max[j] = fmaxf(tile_max[j], acc_s(i));
+    }
   } else {
     CUTE_UNROLL
     for (int i = 0; i < cute::size(acc_s); ++i) {
       const int j = (i / 2) % 2, col = 8 * (i / 4) + 2 * quad_lane + i % 2;
-      const float s = (visible[j] >> col) & 1 ? acc_s(i) * pre_scale : -INFINITY;
+      const float s = (visible[j] >> col) & 1 ? acc_s(i) * scale_log2 : -INFINITY;
       acc_s(i) = s;
       tile_max[j] = fmaxf(tile_max[j], s);
     }
   }
   CUTE_UNROLL
-  for (int j = 0; j < 2; ++j) tile_max[j] = quad_max(tile_max[j]) * (raw ? scale_log2 : 1.f);
-  return raw ? scale_log2 : 1.f;
+  for (int j = 0; j < 2; ++j) tile_max[j] = quad_max(tile_max[j]);
 }
 
 // How far (base 2) a tile's maximum may rise above the row's before the row's maximum moves:
@@ -78,13 +72,11 @@ __device__ __forceinline__ RowUpdate raise_row_max(float old_max, float tile_max
   return u;
 }
 
-// acc_s(i) = exp2(acc_s(i) * logit_scale - safe_max of its row) (logit_scale from
-// mask_and_row_max), probs = the same in the GEMM's type (values 2 k and 2 k + 1, one row's
-// neighbours, converted together into the k-th 32-bit word of the compact fragment); returns
-// this thread's part of each row's sum.
+// acc_s(i) = exp2(acc_s(i) - safe_max of its row), probs = the same in the GEMM's type (values
+// 2 k and 2 k + 1, one row's neighbours, converted together into the k-th 32-bit word of the
+// compact fragment); returns this thread's part of each row's sum.
 template <class AccS, class Probs>
-__device__ __forceinline__ void exponentiate(AccS& acc_s, Probs& probs, float logit_scale, const float (&safe_max)[2],
-                                             float (&part_sum)[2]) {
+__device__ __forceinline__ void exponentiate(AccS& acc_s, Probs& probs, const float (&safe_max)[2], float (&part_sum)[2]) {
   using Element = typename Probs::value_type;
   static_assert(cute::size(AccS{}) % 2 == 0 && sizeof(Element) == 2, "pairs of 16-bit probabilities");
   uint32_t* const words = reinterpret_cast<uint32_t*>(probs.data());
@@ -92,8 +84,7 @@ __device__ __forceinline__ void exponentiate(AccS& acc_s, Probs& probs, float lo
   CUTE_UNROLL
   for (int i = 0; i < cute::size(acc_s); i += 2) {
     const int j = (i / 2) % 2;
-    const float e0 = exp2_approx(fmaf(acc_s(i), logit_scale, -safe_max[j]));
-    const float e1 = exp2_approx(fmaf(acc_s(i + 1), logit_scale, -safe_max[j]));
+    const float e0 = exp2_approx(acc_s(i) - safe_max[j]), e1 = exp2_approx(acc_s(i + 1) - safe_max[j]);
     acc_s(i) = e0;
     acc_s(i + 1) = e1;
     part_sum[j] += e0 + e1;
