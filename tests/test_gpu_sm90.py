@@ -1,5 +1,7 @@
 """The sm_90a split kernel called directly: merging many split partials keeps the accuracy of one."""
 
+import pytest
+
 from conftest import needs_cuda, relative_error
 from gpu_cases import assert_matches_reference, needs_sm90, run_sm90
 from ddtree_op import mla_tree_verify
@@ -56,15 +58,16 @@ def test_consecutive_slots_load_as_boxes():
         assert_matches_reference(out, lse, ref_out, ref_lse)
 
 
-def test_rising_logits_move_the_row_maximum_in_jumps():
-    """Logits that rise along the prefix at a different rate per head (base 2: from about 2 to
-    about 14 a tile), so rows keep their reference maximum over some tiles and move it on others,
-    and probabilities up to 2^8 reach the P·V GEMM; both schedules, against the reference."""
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_rising_logits_move_the_row_maximum_in_jumps(dtype):
+    """Logits that rise along the prefix at a different rate per head (base 2: from about 1 to
+    about 15 a tile), so rows keep their reference maximum over some tiles and move it on others,
+    and probabilities up to 2^8 reach the P·V GEMM (fp16 too); both schedules, against the reference."""
     import math
 
     import torch
 
-    vb = make_verify_batch([2000, 700, 64], [16, 4, 1], 16, device="cuda", pad_rows=2, seed=23)
+    vb = make_verify_batch([2000, 700, 64], [16, 4, 1], 16, device="cuda", pad_rows=2, seed=23, dtype=getattr(torch, dtype))
     rope = torch.zeros(576, device="cuda")
     rope[512:] = torch.randn(64, device="cuda")
     rope /= rope.norm()

@@ -83,7 +83,7 @@ __device__ __forceinline__ void qk_gemm(TiledMma& mma, FragQ const& frag_q, Frag
   warpgroup_fence_operand(acc_s);
 }
 
-// P (value 4 b + 2 j (+1): row my_row + 8 j, columns 8 b + 2 quad_lane (+1)) times `factor` into
+// P (value 4 b + 2 j (+1): row my_row + 8 j, columns 8 b + 2 quad_lane (+1)) into
 // a stage's rope chunk. That is the register layout of an 8 x 8 stmatrix fragment (lane t: row
 // t / 4, columns 2 (t % 4) and + 1) for the block (rows 8 j, columns 8 b) of this warp's 16 rows,
 // so four stmatrix.x4 store a warp's 16 blocks; lane t gives the address of row t % 8 of block

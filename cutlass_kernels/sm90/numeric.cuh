@@ -9,8 +9,9 @@
 namespace ddtree::sm90 {
 
 // 2^x in one MUFU.EX2, results below 2^-126 flushed to 0 (exp2f keeps them, at the cost of a
-// compare and two predicated multiplies a call). The softmax's arguments are <= 0 and each row's
-// largest gives 1, so what is flushed is below the sum's precision. exp2_approx(-inf) = 0.
+// compare and two predicated multiplies a call). In the softmax a row's sum is >= 1 (its
+// reference maximum is one of its logits), so what is flushed is below the sum's precision.
+// exp2_approx(-inf) = 0.
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

@@ -65,7 +65,9 @@ struct RowUpdate {
 };
 __device__ __forceinline__ RowUpdate raise_row_max(float old_max, float tile_max) {
   RowUpdate u;
-  const bool moves = tile_max > old_max + kMaxRiseLog2;  // false for a tile_max of -inf
+  // The difference, not old_max + kMaxRiseLog2: that sum rounds up by as much as a float step of
+  // old_max. True where old_max is -inf; false where tile_max is (also where both are: NaN).
+  const bool moves = tile_max - old_max > kMaxRiseLog2;
   u.max = moves ? tile_max : old_max;
   u.safe_max = u.max == -INFINITY ? 0.f : u.max;
   u.scale = moves ? exp2_approx(old_max - u.safe_max) : 1.f;
