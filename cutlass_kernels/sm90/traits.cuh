@@ -33,8 +33,8 @@ struct VerifyTraits {
   static constexpr int kGatherWarpgroup = kMmaWarpgroups;  // warpgroup 2: the gather (gather.cuh)
   static_assert(kGatherWarpgroup == kWaitRoles - 1, "wait_clocks.cuh: the gather is the last role");
   static constexpr int kThreads = kMmaThreads + 128;
-  // Registers per thread after setmaxnreg: 2 x 128 x 232 + 128 x 40 = 64512 of the 65536.
-  static constexpr int kMmaRegisters = 232, kGatherRegisters = 40;
+  // Registers per thread after setmaxnreg: 2 x 128 x 224 + 128 x 56 = 64512 of the 65536.
+  static constexpr int kMmaRegisters = 224, kGatherRegisters = 56;
   static constexpr int kStages = 2;       // KV tiles in flight
   static constexpr int kChunkCols = 64;   // a KV tile lands in 64-column chunks (8 KB), one mbarrier each
   static constexpr int kColumnChunks = kQkDim / kChunkCols;  // 9: chunks 0-7 are V, chunk 8 the rope
