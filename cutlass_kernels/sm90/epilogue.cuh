@@ -4,15 +4,11 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "numeric.cuh"
+
 namespace ddtree::sm90 {
 
 using namespace cute;
-
-// Two adjacent output columns as one 32-bit word (lower address first).
-template <class Element>
-__device__ __forceinline__ uint32_t pack_pair(float first, float second) {
-  return uint32_t(Element(first).raw()) | (uint32_t(Element(second).raw()) << 16);
-}
 
 // Store of the normalised [kRows, kCols] output tile (O times 1 / row sum), through shared memory
 // so that each thread stores 16 bytes and a warp 512 contiguous bytes (from the accumulator

@@ -83,16 +83,15 @@ __device__ __forceinline__ void qk_gemm(TiledMma& mma, FragQ const& frag_q, Frag
   warpgroup_fence_operand(acc_s);
 }
 
-// P (value 4 b + 2 j (+1): row my_row + 8 j, columns 8 b + 2 quad_lane (+1)) times `factor` into
+// P (value 4 b + 2 j (+1): row my_row + 8 j, columns 8 b + 2 quad_lane (+1)) into
 // a stage's rope chunk. That is the register layout of an 8 x 8 stmatrix fragment (lane t: row
 // t / 4, columns 2 (t % 4) and + 1) for the block (rows 8 j, columns 8 b) of this warp's 16 rows,
 // so four stmatrix.x4 store a warp's 16 blocks; lane t gives the address of row t % 8 of block
-// t / 8 of each x4 (j = (t / 8) % 2, the column block b + t / 16). Scaled from the rounded
-// probabilities, so no fp32 copy of P stays live across the P V GEMM.
+// t / 8 of each x4 (j = (t / 8) % 2, the column block b + t / 16). Values i and i + 1 (i even)
+// are the 32-bit word i / 2 of the compact fragment (softmax.cuh, exponentiate).
 template <class Traits, class Probs>
-__device__ __forceinline__ void store_probs(typename Traits::Element* stage, Probs const& probs, const float (&factor)[2],
-                                            int wg_thread) {
-  using Element = typename Traits::Element;
+__device__ __forceinline__ void store_probs(typename Traits::Element* stage, Probs const& probs, int wg_thread) {
+  const uint32_t* const words = reinterpret_cast<const uint32_t*>(probs.data());
   const uint32_t base = cute::cast_smem_ptr_to_uint(stage + Traits::kRopeOffset);
   const int lane = wg_thread % 32;
   const int row = 16 * (wg_thread / 32) + 8 * ((lane / 8) % 2) + lane % 8;
@@ -100,11 +99,7 @@ __device__ __forceinline__ void store_probs(typename Traits::Element* stage, Pro
   for (int b = 0; b < Traits::kKeys / 8; b += 2) {
     uint32_t bits[4];
     CUTE_UNROLL
-    for (int m = 0; m < 4; ++m) {  // block (rows 8 (m % 2), columns 8 (b + m / 2))
-      const int j = m % 2, i = 4 * (b + m / 2) + 2 * j;
-      bits[m] = uint32_t(Element(float(probs(i)) * factor[j]).raw()) |
-                (uint32_t(Element(float(probs(i + 1)) * factor[j]).raw()) << 16);
-    }
+    for (int m = 0; m < 4; ++m) bits[m] = words[2 * (b + m / 2) + m % 2];  // block (rows 8 (m % 2), columns 8 (b + m / 2))
     const uint32_t addr = base + p_tile_byte_offset(row, 8 * (b + lane / 16));
     asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(bits[0]), "r"(bits[1]),
                  "r"(bits[2]), "r"(bits[3])
@@ -211,8 +206,7 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
       exponentiate(acc_s, probs, safe_max, part_sum);
       // P0 under m0 for warpgroup 1 (which brings O_R to m0 first), stored before P0 V0_L so
       // nothing reads P's registers while the GEMM that reads them is in flight.
-      const float unit[2] = {1.f, 1.f};
-      store_probs<Traits>(stage0, probs, unit, wg_thread);
+      store_probs<Traits>(stage0, probs, wg_thread);
       NamedBarrier::arrive(kThreads, kP0Ready);
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) row_sum[j] = row_sum[j] * factor[j] + part_sum[j];
@@ -257,8 +251,7 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
       }
       NamedBarrier::arrive(kThreads, kScale1Ready);
       exponentiate(acc_s, probs, safe_max, part_sum);
-      const float unit[2] = {1.f, 1.f};
-      store_probs<Traits>(stage1, probs, unit, wg_thread);
+      store_probs<Traits>(stage1, probs, wg_thread);
       NamedBarrier::arrive(kThreads, kP1Ready);
       // O_R to m0 for P0 V0_R (P0 is under m0), then to m1 for P1 V1_R.
       CUTE_UNROLL

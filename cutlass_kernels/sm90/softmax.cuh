@@ -10,6 +10,8 @@
 
 #include <cute/tensor.hpp>
 
+#include "numeric.cuh"
+
 namespace ddtree::sm90 {
 
 __device__ __forceinline__ float quad_max(float v) {
@@ -48,32 +50,47 @@ __device__ __forceinline__ void mask_and_row_max(AccS& acc_s, const uint64_t (&v
   for (int j = 0; j < 2; ++j) tile_max[j] = quad_max(tile_max[j]);
 }
 
-// The new maximum of a row and the factor for what was accumulated under the old one. A row that
-// has seen nothing keeps -inf and exponentiates against 0, so its probabilities are exactly 0.
+// How far (base 2) a tile's maximum may rise above the row's before the row's maximum moves:
+// probabilities then stay <= 2^8, far from overflow in bf16, fp16 and the fp32 sums, and O is
+// rescaled only when a maximum jumps, which after a row's first tiles is rare.
+constexpr float kMaxRiseLog2 = 8.f;
+
+// The row's reference maximum after a tile and the factor for what was accumulated under the old
+// one: the old maximum (factor exactly 1) unless the tile's is more than kMaxRiseLog2 above it.
+// So it trails the row's logits by at most kMaxRiseLog2, which is all the softmax needs: the sums
+// and O are both taken under it, and the lse adds it back. A row that has seen nothing keeps -inf
+// and exponentiates against 0, so its probabilities are exactly 0.
 struct RowUpdate {
   float max, safe_max, scale;
 };
 __device__ __forceinline__ RowUpdate raise_row_max(float old_max, float tile_max) {
   RowUpdate u;
-  u.max = fmaxf(old_max, tile_max);
+  // The difference, not old_max + kMaxRiseLog2: that sum rounds up by as much as a float step of
+  // old_max. True where old_max is -inf; false where tile_max is (also where both are: NaN).
+  const bool moves = tile_max - old_max > kMaxRiseLog2;
+  u.max = moves ? tile_max : old_max;
   u.safe_max = u.max == -INFINITY ? 0.f : u.max;
-  u.scale = exp2f(old_max - u.safe_max);
+  u.scale = moves ? exp2_approx(old_max - u.safe_max) : 1.f;
   return u;
 }
 
-// acc_s(i) = exp2(acc_s(i) - safe_max of its row), probs = the same in the GEMM's type; returns
-// this thread's part of each row's sum.
+// acc_s(i) = exp2(acc_s(i) - safe_max of its row), probs = the same in the GEMM's type (values
+// 2 k and 2 k + 1, one row's neighbours, converted together into the k-th 32-bit word of the
+// compact fragment); returns this thread's part of each row's sum.
 template <class AccS, class Probs>
 __device__ __forceinline__ void exponentiate(AccS& acc_s, Probs& probs, const float (&safe_max)[2], float (&part_sum)[2]) {
   using Element = typename Probs::value_type;
+  static_assert(cute::size(AccS{}) % 2 == 0 && sizeof(Element) == 2, "pairs of 16-bit probabilities");
+  uint32_t* const words = reinterpret_cast<uint32_t*>(probs.data());
   part_sum[0] = part_sum[1] = 0.f;
   CUTE_UNROLL
-  for (int i = 0; i < cute::size(acc_s); ++i) {
+  for (int i = 0; i < cute::size(acc_s); i += 2) {
     const int j = (i / 2) % 2;
-    const float e = exp2f(acc_s(i) - safe_max[j]);
-    acc_s(i) = e;
-    part_sum[j] += e;
-    probs(i) = Element(e);
+    const float e0 = exp2_approx(acc_s(i) - safe_max[j]), e1 = exp2_approx(acc_s(i + 1) - safe_max[j]);
+    acc_s(i) = e0;
+    acc_s(i + 1) = e1;
+    part_sum[j] += e0 + e1;
+    words[i / 2] = pack_pair<Element>(e0, e1);
   }
 }
 

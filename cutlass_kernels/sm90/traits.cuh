@@ -33,8 +33,8 @@ struct VerifyTraits {
   static constexpr int kGatherWarpgroup = kMmaWarpgroups;  // warpgroup 2: the gather (gather.cuh)
   static_assert(kGatherWarpgroup == kWaitRoles - 1, "wait_clocks.cuh: the gather is the last role");
   static constexpr int kThreads = kMmaThreads + 128;
-  // Registers per thread after setmaxnreg: 2 x 128 x 232 + 128 x 40 = 64512 of the 65536.
-  static constexpr int kMmaRegisters = 232, kGatherRegisters = 40;
+  // Registers per thread after setmaxnreg: 2 x 128 x 224 + 128 x 56 = 64512 of the 65536.
+  static constexpr int kMmaRegisters = 224, kGatherRegisters = 56;
   static constexpr int kStages = 2;       // KV tiles in flight
   static constexpr int kChunkCols = 64;   // a KV tile lands in 64-column chunks (8 KB), one mbarrier each
   static constexpr int kColumnChunks = kQkDim / kChunkCols;  // 9: chunks 0-7 are V, chunk 8 the rope
@@ -78,7 +78,7 @@ struct VerifyTraits {
     uint64_t q_full;
     uint64_t chunk_empty[kReleaseGroups];         // a release group's last reader is done with it
     uint16_t key_slots[2][kStages][4];  // [pair parity][stage][warp]: keys with a slot (gather.cuh)
-    float row_max[kRows];               // running maximum per row (base 2), updated by both in turn
+    float row_max[kRows];               // reference maximum per row (base 2, softmax.cuh), updated by both in turn
     float scale0[kRows], scale1[kRows]; // each warpgroup's rescale factor of the current pair
     float row_sum[kMmaWarpgroups][kRows];  // the final sums of both warpgroups
 #ifdef DDTREE_WAIT_CLOCKS

@@ -10,6 +10,9 @@
 // 5. P in shared memory: the rope block (columns 512..575) of a KV stage, at kRopeOffset, is laid
 //    out exactly as a 64 x 64 P tile; and P V from shared memory (SS) accumulates into the same
 //    registers as P V from registers (RS).
+// 6. The S accumulator fragment the kernel makes (and P, made with its layout) is compact, for bf16
+//    and fp16: value i
+//    sits at register i, so values 2 k and 2 k + 1 are the k-th 32-bit word of a 16-bit P.
 #include <cstdio>
 
 #include "sm90/traits.cuh"
@@ -87,6 +90,14 @@ int main() {
     for (int i = 0; i < size(s_coords); ++i) {
       int j = (i / 2) % 2, b = i / 4;
       if (get<0>(s_coords(i)) != r0 + 8 * j || get<1>(s_coords(i)) != 8 * b + 2 * (t % 4) + i % 2) failures++;
+    }
+  }
+  {
+    auto frag_s = partition_fragment_C(mma_qk, Shape<Int<Traits::kRows>, Int<Traits::kKeys>>{});
+    typename ddtree::sm90::VerifyTraits<cutlass::half_t>::TiledMmaQK mma_qk_fp16;
+    auto frag_s_fp16 = partition_fragment_C(mma_qk_fp16, Shape<Int<Traits::kRows>, Int<Traits::kKeys>>{});
+    for (int i = 0; i < size(frag_s); ++i) {
+      if (frag_s.layout()(i) != i || frag_s_fp16.layout()(i) != i) failures++;
     }
   }
   for (int key = 0; key < 64; ++key) {
