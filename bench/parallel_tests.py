@@ -90,6 +90,10 @@ def main(argv=None) -> int:
     workdir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="ddtree_tests_"))
     workdir.mkdir(parents=True, exist_ok=True)
     print(f"{len(shares)} processes, logs in {workdir}", flush=True)
+    # The CPU references' thread pools share the machine's cores (one full pool per process
+    # oversubscribes them: every process slows down), unless the caller set the count.
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(shares))))
     runs = []
     for k, share in enumerate(shares):
         ids_file = workdir / f"ids{k}.txt"
@@ -97,7 +101,8 @@ def main(argv=None) -> int:
         log = open(workdir / f"log{k}.txt", "w")
         code = (f"import sys, pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-rfE'] + "
                 f"open({str(ids_file)!r}).read().splitlines()))")
-        proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=env)
         runs.append((proc, log, len(share)))
     deadline = time.monotonic() + args.timeout if args.timeout else None
     failed = False
