@@ -9,6 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+source bench/device_common.sh
 [ $# -ge 1 ] || { echo "usage: device_ab.sh TREE... (under .snap/)"; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONUNBUFFERED=1
@@ -33,13 +34,7 @@ done
 wait
 timed=("$1")
 for tree in "${@:2}"; do
-  { echo "== $tree"; grep -v DEBUG "/tmp/tests_$tree.log" | tail -n 4; } >> "$OUT/tests.log"
-  summary=$(grep -v DEBUG "/tmp/tests_$tree.log" | tail -n 1)
-  if [[ "$summary" =~ ^[0-9]+\ passed && "$summary" != *failed* && "$summary" != *error* ]]; then
-    timed+=("$tree")
-  else
-    echo "$tree: tests failed or timed out, not timed"
-  fi
+  variant_tests_passed "$tree" && timed+=("$tree")
 done
 echo "tested at $SECONDS s"
 specs=()

@@ -10,6 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+source bench/device_common.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
 export PYTHONUNBUFFERED=1
 tree_dir() { [ "$1" = main ] && echo "$root" || echo "$root/.snap/$1"; }
@@ -41,13 +42,7 @@ wait
 timed=(main)
 for tree in "$@"; do
   if [ ! -f "/tmp/tests_$tree.log" ]; then timed+=("$tree"); continue; fi
-  { echo "== $tree"; grep -v DEBUG "/tmp/tests_$tree.log" | tail -n 4; } >> "$OUT/tests.log"
-  summary=$(grep -v DEBUG "/tmp/tests_$tree.log" | tail -n 1)
-  if [[ "$summary" =~ ^[0-9]+\ passed && "$summary" != *failed* && "$summary" != *error* ]]; then
-    timed+=("$tree")
-  else
-    echo "$tree: tests failed or timed out, not timed"
-  fi
+  variant_tests_passed "$tree" && timed+=("$tree")
 done
 echo "tested at $SECONDS s"
 for tree in "${timed[@]}"; do

@@ -90,8 +90,9 @@ def test_rising_logits_move_the_row_maximum_in_jumps(dtype):
 
 
 def test_negative_scale_matches_reference():
-    """A negative sm_scale reverses the order of the logits (the kernel then scales S before its
-    row maximum instead of in the exponent); masked drafts and both schedules, against the reference."""
+    """A negative sm_scale reverses the order of the logits (a row's maximum comes from its most
+    negative raw products: S must be scaled before the maximum is taken); masked drafts and both
+    schedules, against the reference."""
     import dataclasses
 
     vb = make_verify_batch([1500, 90], [16, 5], 16, device="cuda", pad_rows=1, seed=29)
