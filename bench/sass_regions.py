@@ -99,7 +99,12 @@ def highest_register(text: str) -> int:
         if a_operand:
             highest = max(highest, int(a_operand.group(1)) + 3)
         return max([highest] + registers[1:])
-    return max(registers) + register_width(opcode) - 1
+    width = register_width(opcode)
+    if width > 1 and opcode.startswith(("STSM", "LDSM")):
+        # Only the data operand is wide (stmatrix's last, ldmatrix's first); the address is one register.
+        data = registers[-1] if opcode.startswith("STSM") else registers[0]
+        return max(max(registers), data + width - 1)
+    return max(registers) + width - 1
 
 
 def report(code: list[tuple[int, str]]) -> list[str]:

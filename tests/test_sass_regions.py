@@ -41,9 +41,11 @@ def test_call_targets_and_wide_operands_count():
     (gemm,) = sass_regions.report(sass_regions.functions(LISTING)["kernel_b"])
     # R230 is named only in the routine the role calls
     assert "setmaxnreg 232: 7 instructions, up to R230 OK, 0 spill" in gemm
-    # stmatrix.x4 takes four registers from its base; the width is also applied to the address
-    # register (an over-estimate, the safe side)
-    assert sass_regions.highest_register("STSM.16.M88.4 [R185], R8") == 188
+    # stmatrix.x4 / ldmatrix.x4 take four registers from their data operand's base; the shared
+    # address is one register
+    assert sass_regions.highest_register("STSM.16.M88.4 [R185], R8") == 185
     assert sass_regions.highest_register("STSM.16.M88.4 [R5], R8") == 11
+    assert sass_regions.highest_register("LDSM.16.M88.4 R200, [R5]") == 203
+    assert sass_regions.highest_register("LDSM.16.M88.4 R8, [R185]") == 185
     assert sass_regions.highest_register("IMAD.WIDE.U32 R20, R3, 0x4, R4") == 21
     assert sass_regions.highest_register("HGMMA.64x256x16.F32.BF16 R24, R200, gdesc[UR4], R24") == 203
