@@ -29,16 +29,16 @@ __device__ __forceinline__ float quad_sum(float v) {
 template <class AccS>
 __device__ __forceinline__ void thread_row_max(const AccS& acc_s, float (&tile_max)[2]) {
   constexpr int kPerRow = cute::size(AccS{}) / 2;
-  static_assert(kPerRow == 16, "a thread holds 16 values of each of its two rows");
+  static_assert(kPerRow == 16, "a thread holds 16 values of each of its two rows (four levels below)");
   CUTE_UNROLL
   for (int j = 0; j < 2; ++j) {
     float m[kPerRow];
     CUTE_UNROLL
     for (int k = 0; k < kPerRow; ++k) m[k] = acc_s(4 * (k / 2) + 2 * j + k % 2);
     CUTE_UNROLL
-    for (int width = kPerRow / 2; width > 0; width /= 2) {
+    for (int l = 0; l < 4; ++l) {  // log2(kPerRow) levels; constant trip counts keep m in registers
       CUTE_UNROLL
-      for (int k = 0; k < width; ++k) m[k] = fmaxf(m[k], m[k + width]);
+      for (int k = 0; k < kPerRow; k += 2 << l) m[k] = fmaxf(m[k], m[k + (1 << l)]);
     }
     tile_max[j] = m[0];
   }
@@ -98,6 +98,7 @@ __device__ __forceinline__ void exponentiate(AccS& acc_s, Probs& probs, const fl
   static_assert(cute::size(AccS{}) % 2 == 0 && sizeof(Element) == 2, "pairs of 16-bit probabilities");
   uint32_t* const words = reinterpret_cast<uint32_t*>(probs.data());
   constexpr int kBlocks = cute::size(AccS{}) / 4;  // 8 column blocks, each two values of each row
+  static_assert(kBlocks == 8, "three levels of sums below");
   float block_sum[2][kBlocks];
   CUTE_UNROLL
   for (int i = 0; i < cute::size(acc_s); i += 2) {
@@ -112,9 +113,9 @@ __device__ __forceinline__ void exponentiate(AccS& acc_s, Probs& probs, const fl
   CUTE_UNROLL
   for (int j = 0; j < 2; ++j) {
     CUTE_UNROLL
-    for (int width = kBlocks / 2; width > 0; width /= 2) {
+    for (int l = 0; l < 3; ++l) {  // log2(kBlocks) levels
       CUTE_UNROLL
-      for (int k = 0; k < width; ++k) block_sum[j][k] += block_sum[j][k + width];
+      for (int k = 0; k < kBlocks; k += 2 << l) block_sum[j][k] += block_sum[j][k + (1 << l)];
     }
     part_sum[j] = block_sum[j][0];
   }
