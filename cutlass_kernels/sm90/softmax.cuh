@@ -23,29 +23,44 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffff, v, 2);
 }
 
+// Each row's maximum (j = 0, 1: value i belongs to row (i / 2) % 2) as a tree of pairwise maxima,
+// not a chain: the softmax is on the seesaw's critical path, and a chain of 16 dependent FMNMX a
+// row is four times as deep.
+template <class AccS>
+__device__ __forceinline__ void thread_row_max(const AccS& acc_s, float (&tile_max)[2]) {
+  constexpr int kPerRow = cute::size(AccS{}) / 2;
+  static_assert(kPerRow == 16, "a thread holds 16 values of each of its two rows (four levels below)");
+  CUTE_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    float m[kPerRow];
+    CUTE_UNROLL
+    for (int k = 0; k < kPerRow; ++k) m[k] = acc_s(4 * (k / 2) + 2 * j + k % 2);
+    CUTE_UNROLL
+    for (int l = 0; l < 4; ++l) {  // log2(kPerRow) levels; constant trip counts keep m in registers
+      CUTE_UNROLL
+      for (int k = 0; k < kPerRow; k += 2 << l) m[k] = fmaxf(m[k], m[k + (1 << l)]);
+    }
+    tile_max[j] = m[0];
+  }
+}
+
 // Scales S to base-2 logits, sets invisible columns to -inf, and returns each row's maximum.
 // Most tiles (all of a long prefix) have every key visible to every row of the warp: those skip
 // the bit test per element.
 template <class AccS>
 __device__ __forceinline__ void mask_and_row_max(AccS& acc_s, const uint64_t (&visible)[2], float scale_log2,
                                                  int quad_lane, float (&tile_max)[2]) {
-  tile_max[0] = tile_max[1] = -INFINITY;
   if (__all_sync(0xffffffff, (visible[0] & visible[1]) == ~uint64_t(0))) {
     CUTE_UNROLL
-    for (int i = 0; i < cute::size(acc_s); ++i) {
-      const int j = (i / 2) % 2;
-      acc_s(i) *= scale_log2;
-      tile_max[j] = fmaxf(tile_max[j], acc_s(i));
-    }
+    for (int i = 0; i < cute::size(acc_s); ++i) acc_s(i) *= scale_log2;
   } else {
     CUTE_UNROLL
     for (int i = 0; i < cute::size(acc_s); ++i) {
       const int j = (i / 2) % 2, col = 8 * (i / 4) + 2 * quad_lane + i % 2;
-      const float s = (visible[j] >> col) & 1 ? acc_s(i) * scale_log2 : -INFINITY;
-      acc_s(i) = s;
-      tile_max[j] = fmaxf(tile_max[j], s);
+      acc_s(i) = (visible[j] >> col) & 1 ? acc_s(i) * scale_log2 : -INFINITY;
     }
   }
+  thread_row_max(acc_s, tile_max);
   CUTE_UNROLL
   for (int j = 0; j < 2; ++j) tile_max[j] = quad_max(tile_max[j]);
 }
@@ -82,15 +97,27 @@ __device__ __forceinline__ void exponentiate(AccS& acc_s, Probs& probs, const fl
   using Element = typename Probs::value_type;
   static_assert(cute::size(AccS{}) % 2 == 0 && sizeof(Element) == 2, "pairs of 16-bit probabilities");
   uint32_t* const words = reinterpret_cast<uint32_t*>(probs.data());
-  part_sum[0] = part_sum[1] = 0.f;
+  constexpr int kBlocks = cute::size(AccS{}) / 4;  // 8 column blocks, each two values of each row
+  static_assert(kBlocks == 8, "three levels of sums below");
+  float block_sum[2][kBlocks];
   CUTE_UNROLL
   for (int i = 0; i < cute::size(acc_s); i += 2) {
     const int j = (i / 2) % 2;
     const float e0 = exp2_approx(acc_s(i) - safe_max[j]), e1 = exp2_approx(acc_s(i + 1) - safe_max[j]);
     acc_s(i) = e0;
     acc_s(i + 1) = e1;
-    part_sum[j] += e0 + e1;
+    block_sum[j][i / 4] = e0 + e1;
     words[i / 2] = pack_pair<Element>(e0, e1);
+  }
+  // The sums as trees too (see thread_row_max).
+  CUTE_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    CUTE_UNROLL
+    for (int l = 0; l < 3; ++l) {  // log2(kBlocks) levels
+      CUTE_UNROLL
+      for (int k = 0; k < kBlocks; k += 2 << l) block_sum[j][k] += block_sum[j][k + (1 << l)];
+    }
+    part_sum[j] = block_sum[j][0];
   }
 }
 

@@ -62,8 +62,8 @@ __device__ __forceinline__ int opaque_if(int v) {
   return v;
 }
 template <bool kOpaque>
-__device__ __forceinline__ uint8_t* opaque_if(uint8_t* v) {
-  if constexpr (kOpaque) asm volatile("mov.b64 %0, %0;" : "+l"(v));
+__device__ __forceinline__ uint32_t opaque_if(uint32_t v) {
+  if constexpr (kOpaque) asm volatile("mov.b32 %0, %0;" : "+r"(v));
   return v;
 }
 
@@ -121,8 +121,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   constexpr int kMmaThreads = Traits::kMmaThreads;
 
   extern __shared__ uint8_t smem_raw[];
-  // SW128 atoms need 1024-byte alignment; the launch asks for 1 KB of slack.
-  uint8_t* const smem_base = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  // SW128 atoms need 1024-byte alignment; the launch asks for 1 KB of slack. The base is an
+  // offset from smem_raw, so that the compiler still knows it is shared memory (ld.shared, not
+  // generic loads, for the shared state).
+  const uint32_t align_pad = (1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u;
+  uint8_t* const smem_base = smem_raw + align_pad;
   constexpr int kStateOffset = Traits::kSmemQ + Traits::kStages * Traits::kSmemK;
   const int block = blockIdx.x;
   const int split = blockIdx.y;
@@ -193,7 +196,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     if (p.kv_boxes && threadIdx.x % 128 == 0) cute::prefetch_tma_descriptor(&p.kv_map);
     for (int segment = 0;; ++segment) {
       const int wg_thread = opaque_if<kPersistent>(static_cast<int>(threadIdx.x)) % 128;
-      uint8_t* const smem = opaque_if<kPersistent>(smem_base);
+      uint8_t* const smem = smem_raw + opaque_if<kPersistent>(align_pad);
       SharedState& st = *reinterpret_cast<SharedState*>(smem + kStateOffset);
       const SegmentGeometry g = segment_geometry<Traits, kPersistent>(p, seg, split);
       GatherPlan<Traits> plan;
@@ -225,7 +228,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   int q_loads = 0;  // q tiles loaded by earlier segments: q_full's phases
   for (int segment = 0;; ++segment) {
     const int tid = opaque_if<kPersistent>(static_cast<int>(threadIdx.x));
-    uint8_t* const smem = opaque_if<kPersistent>(smem_base);
+    uint8_t* const smem = smem_raw + opaque_if<kPersistent>(align_pad);
     const int warpgroup = tid / 128;
     const int wg_thread = tid % 128;
     Element* smem_q = reinterpret_cast<Element*>(smem);
