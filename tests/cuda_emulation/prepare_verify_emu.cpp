@@ -12,7 +12,8 @@
 std::vector<at::Tensor> prepare_verify_emu(at::Tensor qo_indptr, at::Tensor kv_indptr, at::Tensor kv_indices,
                                            at::Tensor out_cache_loc, at::Tensor tree_mask, c10::optional<at::Tensor> mask_indptr,
                                            std::string layout_s, int64_t num_rows, int64_t words_per_row, int64_t num_slots,
-                                           int64_t max_draft_len, c10::optional<at::Tensor> status, bool force_unstaged) {
+                                           int64_t max_draft_len, c10::optional<at::Tensor> status, bool force_unstaged,
+                                           int64_t positions_per_thread) {
   constexpr int kThreads = 256;
   c10::string_view layout(layout_s);
   const int batch = static_cast<int>(qo_indptr.numel() - 1);
@@ -35,7 +36,9 @@ std::vector<at::Tensor> prepare_verify_emu(at::Tensor qo_indptr, at::Tensor kv_i
   const ddtree::StatusView sv = ddtree::make_status_view(status.has_value() ? status->data_ptr<int32_t>() : nullptr);
   const ddtree::StatusInputs inputs{view_of(qo_indptr), view_of(kv_indptr), view_of(kv_indices), view_of(out_cache_loc),
                                     limits.mask_indptr, limits.has_mask_indptr, tree_mask.numel()};
-  const int64_t index_blocks = (index.num_threads() + kThreads - 1) / kThreads;
+  // The GPU's choice depends on its size: both widths are emulated, as the caller asks.
+  TORCH_CHECK(positions_per_thread == 1 || positions_per_thread == kWidePositions, "positions_per_thread: 1 or kWidePositions");
+  const int64_t index_blocks = index.num_blocks(kThreads, static_cast<int>(positions_per_thread));
   const int64_t mask_blocks = (mask.num_words() * 32 + kThreads - 1) / kThreads;
   const int ib = static_cast<int>(index_blocks);
   const int grid = static_cast<int>(index_blocks + mask_blocks);
@@ -46,7 +49,9 @@ std::vector<at::Tensor> prepare_verify_emu(at::Tensor qo_indptr, at::Tensor kv_i
       ddtree::StatusRecorder rec(sv);
       const auto b = sanitized(rec, block);
       if (block < ib) {
-        build_verify_index(index, b, rec, static_cast<int64_t>(block) * blockDim.x + threadIdx.x);
+        const int64_t first = static_cast<int64_t>(block) * blockDim.x * positions_per_thread + threadIdx.x;
+        if (positions_per_thread == 1) build_verify_indices<1>(index, b, rec, first, blockDim.x);
+        else build_verify_indices<kWidePositions>(index, b, rec, first, blockDim.x);
       } else {
         const int64_t thread = static_cast<int64_t>(block - ib) * blockDim.x + threadIdx.x;
         convert_tree_mask_word(mask, b, rec, thread / 32, threadIdx.x % 32);
