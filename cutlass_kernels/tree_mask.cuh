@@ -93,7 +93,7 @@ __device__ __forceinline__ void convert_tree_mask_word(const TreeMaskArgs& a, co
         outside = !__all_sync(0xffffffffu, inside(lane) && inside(32 + lane));
         bits = static_cast<uint64_t>(low) | (static_cast<uint64_t>(high) << 32);
       }
-      if (outside && lane == 0) status.record(ddtree::kMaskRange, b);
+      if (outside && lane == 0) status.record(ddtree::kMaskRange, b, a.mask_numel);
     }
   }
   if (lane == 0) a.words[idx] = static_cast<int64_t>(bits);

@@ -86,7 +86,7 @@ __device__ __forceinline__ void build_verify_indices(const VerifyIndexArgs& a, c
     const int64_t pos = first + j * stride;
     if (pos >= a.total) continue;
     if (source[j] != kFill && !(slot[j] >= 0 && slot[j] < a.num_slots)) {
-      status.record(source[j] == kPrefix ? ddtree::kKvSlot : ddtree::kDraftSlot, at[j]);
+      status.record(source[j] == kPrefix ? ddtree::kKvSlot : ddtree::kDraftSlot, at[j], slot[j]);
       slot[j] = -1;
     }
     a.verify_indices[pos] = static_cast<int32_t>(slot[j]);

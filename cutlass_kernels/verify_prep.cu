@@ -3,8 +3,9 @@
 // more blocks than the GPU holds at once), the others convert the tree mask
 // (tree_mask.cuh, a warp per word). Every block first sanitizes the batch (verify_status.cuh:
 // staged indptrs and one block vote, block 0 recording the indptr faults; above kSharedBatch
-// requests a one-block pass launched first does that once), and the last block to finish
-// publishes the optional status. Where a plan is asked for, the first plan.blocks blocks write the
+// requests a one-block pass launched first does that once). The optional status is published by
+// the attention launch that follows in the verify step, or, for the op called alone, by the last
+// block to finish (status.cuh). Where a plan is asked for, the first plan.blocks blocks write the
 // schedule plan of the sanitized batch instead (verify_plan.cuh; first, so that they run in the
 // first wave). On the current stream, no host reads: capturable in CUDA graphs.
 #include <ATen/ATen.h>
@@ -33,8 +34,7 @@ constexpr int kMinBlocksPerSm = 4;
 template <bool kStaged, int kPositions>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) prepare_verify_kernel(ddtree::BatchLimits limits, const ddtree::IndptrBounds* bounds,
                                                                   VerifyIndexArgs index, int index_blocks, TreeMaskArgs mask,
-                                                                  ddtree::StatusView view, ddtree::StatusInputs inputs,
-                                                                  ddtree::PlanArgs plan) {
+                                                                  ddtree::StatusView view, ddtree::PlanArgs plan) {
   const int block = static_cast<int>(blockIdx.x);
   ddtree::StatusRecorder status(view);
   const auto batch = [&] {
@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) prepare_verify_kern
     const int64_t thread = static_cast<int64_t>(work_block - index_blocks) * blockDim.x + threadIdx.x;
     convert_tree_mask_word(mask, batch, status, thread / 32, threadIdx.x % 32);
   }
-  ddtree::finish_status(status, inputs);
+  ddtree::finish_status(status);
 }
 
 // Blocks of the one-position kernel that the current GPU holds at once (cached per device).
@@ -74,10 +74,10 @@ int64_t resident_blocks() {
 // raising (docs/kernel-log.md, "stsm landed, v14 and v14b not").
 int32_t* checked_status_data(const c10::optional<at::Tensor>& status, c10::Device device) {
   if (!status.has_value()) return nullptr;
-  static_assert(ddtree::kStatusSize == 32, "the message below says 32");
+  static_assert(ddtree::kStatusSize == 48, "the message below says 48");
   TORCH_CHECK(status->is_cuda() && status->device() == device && status->scalar_type() == at::kInt &&
                   status->is_contiguous() && status->numel() >= ddtree::kStatusSize,
-              "ddtree_op: argument 'status' must be a contiguous int32 tensor of 32 entries on the device of q "
+              "ddtree_op: argument 'status' must be a contiguous int32 tensor of 48 entries on the device of q "
               "(ddtree_op.new_status)");
   return status->data_ptr<int32_t>();
 }
@@ -87,7 +87,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> prepare_verify_cuda(
     const at::Tensor& out_cache_loc, const at::Tensor& tree_mask, const c10::optional<at::Tensor>& mask_indptr,
     c10::string_view layout, int64_t num_rows, int64_t words_per_row, int64_t num_slots, int64_t max_draft_len,
     const c10::optional<at::Tensor>& status, const c10::optional<at::Tensor>& plan, int64_t heads, int64_t plan_ctas,
-    int64_t plan_splits) {
+    int64_t plan_splits, bool publish_status) {
   int32_t* const status_data = checked_status_data(status, qo_indptr.device());
   const c10::cuda::CUDAGuard guard(qo_indptr.device());
   auto [index, verify_indptr, verify_indices] =
@@ -100,9 +100,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> prepare_verify_cuda(
   const ddtree::BatchLimits limits = ddtree::make_batch_limits(
       qo_indptr, kv_indptr, reads_mask_indptr, num_rows, out_cache_loc.numel(), kv_indices.numel(),
       64 * words_per_row, max_draft_len, packed_width);
-  const ddtree::StatusView status_view = ddtree::make_status_view(status_data);
-  const ddtree::StatusInputs inputs{view_of(qo_indptr), view_of(kv_indptr), view_of(kv_indices), view_of(out_cache_loc),
-                                    limits.mask_indptr, limits.has_mask_indptr, tree_mask.numel()};
+  // Without publish_status the attention launch that follows publishes (status.cuh).
+  const ddtree::StatusView status_view = ddtree::make_status_view(status_data, publish_status);
   const bool staged = limits.batch <= ddtree::kSharedBatch;
   const bool wide = index.num_blocks(kThreads, 1) > (staged ? resident_blocks<true>() : resident_blocks<false>());
   const int64_t index_blocks = index.num_blocks(kThreads, wide ? kWidePositions : 1);
@@ -117,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> prepare_verify_cuda(
     constexpr int kPositions = decltype(positions)::value;
     if (staged) {
       prepare_verify_kernel<true, kPositions><<<static_cast<int>(blocks), kThreads, 0, stream>>>(
-          limits, nullptr, index, static_cast<int>(index_blocks), mask, status_view, inputs, plan_args);
+          limits, nullptr, index, static_cast<int>(index_blocks), mask, status_view, plan_args);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else {
       auto [bounds, qlen_start] =
@@ -125,7 +124,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> prepare_verify_cuda(
       mask.qlen_start = qlen_start.defined() ? qlen_start.data_ptr<int64_t>() : nullptr;
       prepare_verify_kernel<false, kPositions><<<static_cast<int>(blocks), kThreads, 0, stream>>>(
           limits, reinterpret_cast<const ddtree::IndptrBounds*>(bounds.data_ptr<int64_t>()), index,
-          static_cast<int>(index_blocks), mask, status_view, inputs, plan_args);
+          static_cast<int>(index_blocks), mask, status_view, plan_args);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   };

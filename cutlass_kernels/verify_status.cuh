@@ -1,5 +1,6 @@
-// Bounds safety of the preparation launch: the status tensor's layout, the fault kinds, and the
-// per-block view of a sanitized batch that every preparation thread reads instead of raw indptrs.
+// Bounds safety of the preparation launch: the per-block view of a sanitized batch that every
+// preparation thread reads instead of raw indptrs, and where the indptr faults are recorded into
+// the status (status.cuh).
 //
 // Sanitizing (the CPU twin is ddtree_op's prep module; both must agree bit for bit):
 // - qo_indptr is trusted up to its first bad entry k_q: qo[0] != 0, qo[b] < qo[b-1],
@@ -29,78 +30,14 @@
 #include <tuple>
 
 #include "index_view.cuh"
+#include "status.cuh"
 #if defined(__CUDACC__)
 #include <c10/cuda/CUDAException.h>
 #endif
 
 namespace ddtree {
 
-// Status: int32 [kStatusSize], owned by the caller, zeros before its first use.
-//   [0] fault bits (1 << kind), 0 = the step was clean
-//   [1] the lowest kind whose bit is set (-1 if none)     [2] its first position   [3] the value there
-//   [4 + k] first position of kind k (-1 if none)
-//   [kStatusAccum...] workspace of the launch, left zeroed by it (do not write): the encoded first
-//   positions, then one 64-bit ticket (at kStatusTicket, or the next word where that one is not
-//   8-byte aligned): the blocks that have finished (high 32 bits) and the fault bits (low 32).
-//   One launch at a time per status tensor: the last block to finish publishes and clears it.
-constexpr int kStatusSize = 32;
-constexpr int kStatusBits = 0, kStatusKind = 1, kStatusPosition = 2, kStatusValue = 3, kStatusPositions = 4;
-constexpr int kStatusAccum = 16, kStatusTicket = 28;
-
-// Kinds in the order check_verify_inputs reports them; positions index the argument named.
-enum Fault : int {
-  kQoStart = 0,         // qo_indptr[0] != 0                       pos 0         value qo_indptr[0]
-  kQoOrder = 1,         // qo_indptr[b] < qo_indptr[b-1]           pos b         value qo_indptr[b]
-  kKvOrder = 2,         // kv_indptr[b] < kv_indptr[b-1]           pos b         value kv_indptr[b]
-  kQoRows = 3,          // qo_indptr[b] > T_pad (rows of q)        pos b         value qo_indptr[b]
-  kQoSlots = 4,         // qo_indptr[b] > out_cache_loc.numel()    pos b         value qo_indptr[b]
-  kKvRange = 5,         // kv_indptr[b] outside [0, N]             pos b         value kv_indptr[b]
-  kKvSlot = 6,          // kv_indices[i] outside [0, S)            pos i         value kv_indices[i]
-  kDraftSlot = 7,       // out_cache_loc[i] outside [0, S)         pos i         value out_cache_loc[i]
-  kMaskWidth = 8,       // packed: request b has more drafts than bits per row   pos b   value n_b
-  kMaskIndptrOrder = 9, // mask_indptr[b] < mask_indptr[b-1]       pos b         value mask_indptr[b]
-  kMaskRange = 10,      // request b reads mask cells outside tree_mask          pos b   value tree_mask.numel()
-  kDraftCount = 11,     // request b has more drafts than max_draft_len          pos b   value n_b
-  kNumFaults = 12,
-};
-static_assert(kStatusPositions + kNumFaults <= kStatusAccum && kStatusAccum + kNumFaults <= kStatusTicket &&
-                  kStatusTicket + 3 <= kStatusSize,
-              "status layout");
-
-constexpr int64_t kClampHigh = 2147483647;  // values are clamped to [-1, kClampHigh]
-constexpr unsigned long long kTicketArrival = 1ull << 32;
-
 __device__ __forceinline__ int64_t clamp_value(int64_t v) { return v < -1 ? -1 : (v > kClampHigh ? kClampHigh : v); }
-
-struct StatusView {
-  int32_t* data;               // nullptr: the caller asked for no status
-  unsigned long long* ticket;  // inside data's workspace
-};
-
-// Host side: the view of a status tensor's data (nullptr for none).
-inline StatusView make_status_view(int32_t* data) {
-  if (data == nullptr) return {nullptr, nullptr};
-  int32_t* word = data + kStatusTicket;
-  if (reinterpret_cast<uintptr_t>(word) % 8 != 0) ++word;
-  return {data, reinterpret_cast<unsigned long long*>(word)};
-}
-
-// One thread's side of the status. Faults are accumulated in the workspace: positions by max of
-// (INT32_MAX - pos) (0 = none), so the earliest position wins whatever order the threads run in,
-// and the bit by OR into the ticket. `recorded` tells finish_status that this block must fence
-// before it arrives; a clean block never does.
-struct StatusRecorder {
-  StatusView view;
-  bool recorded;
-  __device__ __forceinline__ explicit StatusRecorder(const StatusView& v) : view(v), recorded(false) {}
-  __device__ __forceinline__ void record(int kind, int64_t pos) {
-    if (view.data == nullptr) return;
-    const int32_t p = static_cast<int32_t>(pos < 0 ? 0 : (pos > kClampHigh - 1 ? kClampHigh - 1 : pos));
-    atomicMax(view.data + kStatusAccum + kind, static_cast<int32_t>(kClampHigh) - p);
-    atomicOr(view.ticket, 1ull << kind);
-    recorded = true;
-  }
-};
 
 // What a preparation thread needs to know about the batch, from the raw indptrs.
 struct BatchLimits {
@@ -195,8 +132,8 @@ struct KeysBefore {
 
 // Entry b of the indptrs (clamped values, b - 1's too; `mask_down`: mask_indptr[b] < mask_indptr[b-1]
 // on the raw values): whether it is the first bad entry of either, folded into the thread's
-// running minimum; with `record`, its faults. The caller loads every value first: one round trip,
-// whatever is recorded.
+// running minimum; with `record`, its faults. The caller loads every value first: one round trip
+// on a clean batch.
 __device__ __forceinline__ void check_indptr_entry(const BatchLimits& a, StatusRecorder& status, bool record, int b,
                                                    int64_t q, int64_t q_prev, int64_t k, int64_t k_prev, bool mask_down,
                                                    int& first_q, int& first_k) {
@@ -206,16 +143,17 @@ __device__ __forceinline__ void check_indptr_entry(const BatchLimits& a, StatusR
   const bool k_bad = (b == 0 ? k < 0 : k < k_prev) || k > a.num_prefix;
   if (q_bad && b < first_q) first_q = b;
   if (k_bad && b < first_k) first_k = b;
-  if (record) {
-    if (b == 0 && q != 0) status.record(kQoStart, 0);
-    if (b > 0 && q < q_prev) status.record(kQoOrder, b);
-    if (b > 0 && k < k_prev) status.record(kKvOrder, b);
-    if (q > a.num_rows) status.record(kQoRows, b);
-    if (q > a.num_draft_slots) status.record(kQoSlots, b);
-    if (k < 0 || k > a.num_prefix) status.record(kKvRange, b);
-    if (b > 0 && a.packed_width > 0 && drafts > a.packed_width) status.record(kMaskWidth, b - 1);
-    if (b > 0 && ((a.max_draft_len > 0 && drafts > a.max_draft_len) || drafts > a.draft_cap)) status.record(kDraftCount, b - 1);
-    if (mask_down) status.record(kMaskIndptrOrder, b);
+  if (record) {  // the raw values are loaded again on a fault's path only (from L1: just read)
+    if (b == 0 && q != 0) status.record(kQoStart, 0, a.qo[0]);
+    if (b > 0 && q < q_prev) status.record(kQoOrder, b, a.qo[b]);
+    if (b > 0 && k < k_prev) status.record(kKvOrder, b, a.kv[b]);
+    if (q > a.num_rows) status.record(kQoRows, b, a.qo[b]);
+    if (q > a.num_draft_slots) status.record(kQoSlots, b, a.qo[b]);
+    if (k < 0 || k > a.num_prefix) status.record(kKvRange, b, a.kv[b]);
+    if (b > 0 && a.packed_width > 0 && drafts > a.packed_width) status.record(kMaskWidth, b - 1, a.qo[b] - a.qo[b - 1]);
+    if (b > 0 && ((a.max_draft_len > 0 && drafts > a.max_draft_len) || drafts > a.draft_cap))
+      status.record(kDraftCount, b - 1, a.qo[b] - a.qo[b - 1]);
+    if (mask_down) status.record(kMaskIndptrOrder, b, a.mask_indptr[b]);
   }
 }
 
@@ -390,72 +328,6 @@ inline BatchLimits make_batch_limits(const at::Tensor& qo_indptr, const at::Tens
                      bound(draft_cap),
                      max_draft_len > 0 ? max_draft_len : 0,
                      packed_width};
-}
-
-// The raw inputs whose value at the first position goes into status[kStatusValue].
-struct StatusInputs {
-  IndexView qo, kv, kv_indices, out_cache_loc, mask_indptr;
-  bool has_mask_indptr;
-  int64_t mask_numel;
-};
-
-__device__ __forceinline__ int32_t saturate_int32(int64_t v) {
-  return static_cast<int32_t>(v < INT32_MIN ? INT32_MIN : (v > INT32_MAX ? INT32_MAX : v));
-}
-
-__device__ __forceinline__ int64_t fault_value(const StatusInputs& in, int kind, int64_t pos) {
-  switch (kind) {
-    case kQoStart: case kQoOrder: case kQoRows: case kQoSlots: return in.qo[pos];
-    case kKvOrder: case kKvRange: return in.kv[pos];
-    case kKvSlot: return in.kv_indices[pos];
-    case kDraftSlot: return in.out_cache_loc[pos];
-    case kMaskWidth: case kDraftCount: return in.qo[pos + 1] - in.qo[pos];
-    case kMaskIndptrOrder: return in.mask_indptr[pos];
-    default: return in.mask_numel;  // kMaskRange
-  }
-}
-
-// Called by every thread of every block at the end of the launch. Each block arrives with one
-// atomic on the ticket (a block that recorded a fault fences first, so that its positions are
-// visible to whoever sees its arrival); the last block to arrive publishes the status and clears
-// the workspace, so the next launch (the next replay of a captured step) starts clean without a
-// memset of its own. Clean step: one barrier vote, one atomic per block, 16 stores in the last.
-__device__ __forceinline__ void finish_status(const StatusRecorder& status, const StatusInputs& in) {
-  const StatusView& view = status.view;
-  if (view.data == nullptr) return;  // uniform over the grid
-  __shared__ unsigned long long s_ticket;
-  __shared__ int32_t s_pos[kNumFaults];
-  const bool faulted = __syncthreads_or(status.recorded);
-  if (threadIdx.x == 0) {
-    if (faulted) __threadfence();
-    s_ticket = atomicAdd(view.ticket, kTicketArrival);
-  }
-  __syncthreads();
-  const unsigned long long ticket = s_ticket;
-  if ((ticket >> 32) != gridDim.x - 1) return;
-  const uint32_t bits = static_cast<uint32_t>(ticket);
-  if (bits == 0) {
-    if (threadIdx.x < kStatusAccum) view.data[threadIdx.x] = threadIdx.x == kStatusBits || threadIdx.x == kStatusValue ? 0 : -1;
-    if (threadIdx.x == 0) *view.ticket = 0;
-    return;
-  }
-  __threadfence();  // the positions of the blocks that arrived before
-  if (threadIdx.x < kNumFaults) {
-    int32_t pos = -1;
-    if (bits >> threadIdx.x & 1) pos = static_cast<int32_t>(kClampHigh) - atomicExch(view.data + kStatusAccum + threadIdx.x, 0);
-    s_pos[threadIdx.x] = pos;
-    view.data[kStatusPositions + threadIdx.x] = pos;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int kind = __ffs(static_cast<int>(bits)) - 1;
-    const int32_t pos = s_pos[kind];
-    view.data[kStatusBits] = static_cast<int32_t>(bits);
-    view.data[kStatusKind] = kind;
-    view.data[kStatusPosition] = pos;
-    view.data[kStatusValue] = saturate_int32(fault_value(in, kind, pos));
-    *view.ticket = 0;
-  }
 }
 
 }  // namespace ddtree

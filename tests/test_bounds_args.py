@@ -153,12 +153,12 @@ def test_status_layout_agrees_with_the_cuda_header():
     import re
     from pathlib import Path
 
-    header = (Path(__file__).parents[1] / "cutlass_kernels" / "verify_status.cuh").read_text()
+    header = (Path(__file__).parents[1] / "cutlass_kernels" / "status.cuh").read_text()
     constants = {name: int(value) for name, value in re.findall(r"\b(k\w+) = (-?\d+)", header)}
     s = ddtree_op.status
     assert constants["kStatusSize"] == s.STATUS_SIZE
     assert (constants["kStatusBits"], constants["kStatusKind"], constants["kStatusPosition"], constants["kStatusValue"],
-            constants["kStatusPositions"], constants["kStatusAccum"]) == (s.BITS, s.KIND, s.POSITION, s.VALUE, s.POSITIONS,
+            constants["kStatusPositions"], constants["kStatusWorkspace"]) == (s.BITS, s.KIND, s.POSITION, s.VALUE, s.POSITIONS,
                                                                         s.WORKSPACE)
     enum = re.search(r"enum Fault : int \{(.*?)\};", header, re.S).group(1)
     names = re.findall(r"\bk(\w+) = (\d+),", enum)
