@@ -22,7 +22,9 @@ the preparation's blocks need not wait for one another (the preparation op alone
 last block, found by the ticket). One call at a time per status tensor (calls on one stream, as a
 step's layers are, may share it: each rewrites it, and they all see the same index values).
 Positions index the argument the kind names (qo_indptr entries, kv_indices entries, requests...).
-The same layout is defined in cutlass_kernels/status.cuh.
+Where the keys start depends on the tensor's address, so the preparation and the launch that
+publishes are given the same tensor (as the entry points do). The same layout is defined in
+cutlass_kernels/status.cuh.
 """
 
 from __future__ import annotations
@@ -115,8 +117,8 @@ def write_keys(status: torch.Tensor, present: torch.Tensor, positions: torch.Ten
 
 def publish(status: torch.Tensor) -> None:
     """status[:WORKSPACE] from the keys a preparation left (publish_status=False), then the keys
-    and the ticket cleared: what the CUDA attention kernels do in their first program, as a tensor
-    program (no host reads) for the paths that launch none (CPU, the reference backend, no rows)."""
+    and the ticket cleared: what one thread of the CUDA attention kernels does, as a tensor program
+    (no host reads) for the paths that launch none (CPU, the reference backend, no rows)."""
     word = key_word(status)
     keys = status[word:word + 2 * NUM_FAULTS].view(NUM_FAULTS, 2)
     present = keys[:, 1] != 0
