@@ -164,9 +164,10 @@ class Inputs:
         return (vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, "full", self.rows,
                 self.words, self.kv_rows.shape[0], self.max_draft, status, self.plan, vb.q.shape[1])
 
-    def prepare(self, status=None):  # both of the above and the plan in one launch, as the whole step runs them
+    def prepare(self, status=None, publish_status=True):  # both of the above and the plan in one launch, as the whole step runs them
         args = self._prepare_args(status)
-        return lambda: ops.prepare_verify(*args)
+        extra = {} if publish_status else {"publish_status": False}  # an older checkout has no such argument
+        return lambda: ops.prepare_verify(*args, **extra)
 
     def flashmla(self):
         """FlashMLA's dense decode on the same work laid out its way: each request's prefix and

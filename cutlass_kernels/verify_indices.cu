@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(kThreads) build_verify_indices_kernel(ddtree::
     if constexpr (kStaged) return ddtree::sanitize_staged(limits, no_status, false);
     else return ddtree::sanitized_from(limits, bounds);
   }();
-  build_verify_index(args, batch, no_status, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
+  build_verify_indices<1>(args, batch, no_status, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, blockDim.x);
 }
 
 std::tuple<at::Tensor, at::Tensor> build_verify_indices_cuda(const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
@@ -34,7 +34,7 @@ std::tuple<at::Tensor, at::Tensor> build_verify_indices_cuda(const at::Tensor& q
   const ddtree::BatchLimits limits =
       ddtree::make_batch_limits(qo_indptr, kv_indptr, c10::nullopt, ddtree::kClampHigh, out_cache_loc.numel(),
                                 kv_indices.numel(), ddtree::kClampHigh, 0, 0);
-  const int blocks = static_cast<int>((args.num_threads() + kThreads - 1) / kThreads);
+  const int blocks = static_cast<int>(args.num_blocks(kThreads, 1));
   const auto stream = c10::cuda::getCurrentCUDAStream();
   if (limits.batch <= ddtree::kSharedBatch) {
     build_verify_indices_kernel<true><<<blocks, kThreads, 0, stream>>>(limits, nullptr, args);

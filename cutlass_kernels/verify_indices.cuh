@@ -14,6 +14,12 @@
 #include "index_view.cuh"
 #include "verify_status.cuh"
 
+// Positions a thread of the index build covers where its blocks would not fit the GPU at once
+// (the host chooses, verify_prep.cu): a quarter of the blocks staging the batch, and that many
+// independent slot loads in flight a thread. Elsewhere one, so that one thread's path, which a
+// small launch waits on, stays one lookup long.
+constexpr int kWidePositions = 4;
+
 struct VerifyIndexArgs {
   IndexView kv_indices, out_cache_loc;
   int batch;
@@ -22,38 +28,69 @@ struct VerifyIndexArgs {
   int32_t* verify_indptr;
   int32_t* verify_indices;
   int32_t* qo_indptr_out;  // sanitized qo_indptr [B+1], or nullptr
-  int64_t num_threads() const { return std::max<int64_t>(total, batch + 1); }  // one per position and indptr entry
+  int64_t num_positions() const { return std::max<int64_t>(total, batch + 1); }  // every position and indptr entry
+  int64_t num_blocks(int threads, int positions_per_thread) const {  // of `threads` threads
+    const int64_t per_block = static_cast<int64_t>(threads) * positions_per_thread;
+    return (num_positions() + per_block - 1) / per_block;
+  }
 };
 
-// Thread `pos` writes verify_indptr[pos] (and the sanitized qo_indptr[pos]) for pos <= B, and
-// verify_indices[pos]; the request is found by binary search in the combined indptr. Positions
-// past the last request's keys get slot 0.
-template <class Batch>
-__device__ __forceinline__ void build_verify_index(const VerifyIndexArgs& a, const Batch& s, ddtree::StatusRecorder& status,
-                                                   int64_t pos) {
+// Thread positions first + j * stride (j < kPositions, increasing): each writes
+// verify_indptr[pos] (and the sanitized qo_indptr[pos]) for pos <= B, and verify_indices[pos]; the
+// request is found by binary search in the combined indptr, once per request a thread meets.
+// Positions past the last request's keys get slot 0. Every slot is loaded before any is checked
+// (a fault's atomics would otherwise keep the later loads behind them).
+template <int kPositions, class Batch>
+__device__ __forceinline__ void build_verify_indices(const VerifyIndexArgs& a, const Batch& s, ddtree::StatusRecorder& status,
+                                                     int64_t first, int64_t stride) {
+  enum Source : int { kFill, kPrefix, kDraft };
   const ddtree::KeysBefore<Batch> combined{&s};
-  if (pos <= a.batch) {
-    a.verify_indptr[pos] = static_cast<int32_t>(combined[pos]);
-    if (a.qo_indptr_out != nullptr) a.qo_indptr_out[pos] = static_cast<int32_t>(s.qo_at(static_cast<int>(pos)));
+  const int64_t used = a.batch == 0 ? 0 : combined[a.batch];
+  int b = 0;
+  int64_t b_begin = 0, b_end = -1;  // the keys of the request last found
+  int64_t at[kPositions], slot[kPositions];
+  int source[kPositions];
+#pragma unroll
+  for (int j = 0; j < kPositions; ++j) {
+    const int64_t pos = first + j * stride;
+    if (pos <= a.batch) {
+      a.verify_indptr[pos] = static_cast<int32_t>(combined[pos]);
+      if (a.qo_indptr_out != nullptr) a.qo_indptr_out[pos] = static_cast<int32_t>(s.qo_at(static_cast<int>(pos)));
+    }
+    source[j] = kFill;
+    slot[j] = 0;
+    at[j] = 0;
+    if (pos >= a.total || pos >= used) continue;
+    if (pos >= b_end) {
+      b = owning_request(combined, a.batch, pos);
+      b_begin = combined[b];
+      b_end = combined[b + 1];
+    }
+    if (s.is_void(b)) {
+      slot[j] = -1;
+      continue;
+    }
+    const int64_t offset = pos - b_begin;
+    const int64_t prefix_len = s.prefix_len(b);
+    const bool from_prefix = offset < prefix_len;
+    at[j] = from_prefix ? s.raw_kv(b) + offset : s.qo_at(b) + offset - prefix_len;  // in range: sanitized
+    source[j] = from_prefix ? kPrefix : kDraft;
   }
-  if (pos >= a.total) return;
-  if (a.batch == 0 || pos >= combined[a.batch]) {
-    a.verify_indices[pos] = 0;
-    return;
+#pragma unroll
+  for (int j = 0; j < kPositions; ++j) {
+    if (source[j] == kPrefix) slot[j] = a.kv_indices[at[j]];
+    else if (source[j] == kDraft) slot[j] = a.out_cache_loc[at[j]];
   }
-  const int b = owning_request(combined, a.batch, pos);
-  if (s.is_void(b)) {
-    a.verify_indices[pos] = -1;
-    return;
+#pragma unroll
+  for (int j = 0; j < kPositions; ++j) {
+    const int64_t pos = first + j * stride;
+    if (pos >= a.total) continue;
+    if (source[j] != kFill && !(slot[j] >= 0 && slot[j] < a.num_slots)) {
+      status.record(source[j] == kPrefix ? ddtree::kKvSlot : ddtree::kDraftSlot, at[j], slot[j]);
+      slot[j] = -1;
+    }
+    a.verify_indices[pos] = static_cast<int32_t>(slot[j]);
   }
-  const int64_t offset = pos - combined[b];
-  const int64_t prefix_len = s.prefix_len(b);
-  const bool from_prefix = offset < prefix_len;
-  const int64_t at = from_prefix ? s.raw_kv(b) + offset : s.qo_at(b) + offset - prefix_len;  // in range: sanitized
-  const int64_t slot = from_prefix ? a.kv_indices[at] : a.out_cache_loc[at];
-  const bool ok = slot >= 0 && slot < a.num_slots;
-  if (!ok) status.record(from_prefix ? ddtree::kKvSlot : ddtree::kDraftSlot, at);
-  a.verify_indices[pos] = ok ? static_cast<int32_t>(slot) : -1;
 }
 
 // Checks the index tensors, allocates verify_indptr [B+1] and verify_indices [total] (int32).

@@ -1,5 +1,6 @@
-// Bounds safety of the preparation launch: the status tensor's layout, the fault kinds, and the
-// per-block view of a sanitized batch that every preparation thread reads instead of raw indptrs.
+// Bounds safety of the preparation launch: the per-block view of a sanitized batch that every
+// preparation thread reads instead of raw indptrs, and where the indptr faults are recorded into
+// the status (status.cuh).
 //
 // Sanitizing (the CPU twin is ddtree_op's prep module; both must agree bit for bit):
 // - qo_indptr is trusted up to its first bad entry k_q: qo[0] != 0, qo[b] < qo[b-1],
@@ -29,78 +30,14 @@
 #include <tuple>
 
 #include "index_view.cuh"
+#include "status.cuh"
 #if defined(__CUDACC__)
 #include <c10/cuda/CUDAException.h>
 #endif
 
 namespace ddtree {
 
-// Status: int32 [kStatusSize], owned by the caller, zeros before its first use.
-//   [0] fault bits (1 << kind), 0 = the step was clean
-//   [1] the lowest kind whose bit is set (-1 if none)     [2] its first position   [3] the value there
-//   [4 + k] first position of kind k (-1 if none)
-//   [kStatusAccum...] workspace of the launch, left zeroed by it (do not write): the encoded first
-//   positions, then one 64-bit ticket (at kStatusTicket, or the next word where that one is not
-//   8-byte aligned): the blocks that have finished (high 32 bits) and the fault bits (low 32).
-//   One launch at a time per status tensor: the last block to finish publishes and clears it.
-constexpr int kStatusSize = 32;
-constexpr int kStatusBits = 0, kStatusKind = 1, kStatusPosition = 2, kStatusValue = 3, kStatusPositions = 4;
-constexpr int kStatusAccum = 16, kStatusTicket = 28;
-
-// Kinds in the order check_verify_inputs reports them; positions index the argument named.
-enum Fault : int {
-  kQoStart = 0,         // qo_indptr[0] != 0                       pos 0         value qo_indptr[0]
-  kQoOrder = 1,         // qo_indptr[b] < qo_indptr[b-1]           pos b         value qo_indptr[b]
-  kKvOrder = 2,         // kv_indptr[b] < kv_indptr[b-1]           pos b         value kv_indptr[b]
-  kQoRows = 3,          // qo_indptr[b] > T_pad (rows of q)        pos b         value qo_indptr[b]
-  kQoSlots = 4,         // qo_indptr[b] > out_cache_loc.numel()    pos b         value qo_indptr[b]
-  kKvRange = 5,         // kv_indptr[b] outside [0, N]             pos b         value kv_indptr[b]
-  kKvSlot = 6,          // kv_indices[i] outside [0, S)            pos i         value kv_indices[i]
-  kDraftSlot = 7,       // out_cache_loc[i] outside [0, S)         pos i         value out_cache_loc[i]
-  kMaskWidth = 8,       // packed: request b has more drafts than bits per row   pos b   value n_b
-  kMaskIndptrOrder = 9, // mask_indptr[b] < mask_indptr[b-1]       pos b         value mask_indptr[b]
-  kMaskRange = 10,      // request b reads mask cells outside tree_mask          pos b   value tree_mask.numel()
-  kDraftCount = 11,     // request b has more drafts than max_draft_len          pos b   value n_b
-  kNumFaults = 12,
-};
-static_assert(kStatusPositions + kNumFaults <= kStatusAccum && kStatusAccum + kNumFaults <= kStatusTicket &&
-                  kStatusTicket + 3 <= kStatusSize,
-              "status layout");
-
-constexpr int64_t kClampHigh = 2147483647;  // values are clamped to [-1, kClampHigh]
-constexpr unsigned long long kTicketArrival = 1ull << 32;
-
 __device__ __forceinline__ int64_t clamp_value(int64_t v) { return v < -1 ? -1 : (v > kClampHigh ? kClampHigh : v); }
-
-struct StatusView {
-  int32_t* data;               // nullptr: the caller asked for no status
-  unsigned long long* ticket;  // inside data's workspace
-};
-
-// Host side: the view of a status tensor's data (nullptr for none).
-inline StatusView make_status_view(int32_t* data) {
-  if (data == nullptr) return {nullptr, nullptr};
-  int32_t* word = data + kStatusTicket;
-  if (reinterpret_cast<uintptr_t>(word) % 8 != 0) ++word;
-  return {data, reinterpret_cast<unsigned long long*>(word)};
-}
-
-// One thread's side of the status. Faults are accumulated in the workspace: positions by max of
-// (INT32_MAX - pos) (0 = none), so the earliest position wins whatever order the threads run in,
-// and the bit by OR into the ticket. `recorded` tells finish_status that this block must fence
-// before it arrives; a clean block never does.
-struct StatusRecorder {
-  StatusView view;
-  bool recorded;
-  __device__ __forceinline__ explicit StatusRecorder(const StatusView& v) : view(v), recorded(false) {}
-  __device__ __forceinline__ void record(int kind, int64_t pos) {
-    if (view.data == nullptr) return;
-    const int32_t p = static_cast<int32_t>(pos < 0 ? 0 : (pos > kClampHigh - 1 ? kClampHigh - 1 : pos));
-    atomicMax(view.data + kStatusAccum + kind, static_cast<int32_t>(kClampHigh) - p);
-    atomicOr(view.ticket, 1ull << kind);
-    recorded = true;
-  }
-};
 
 // What a preparation thread needs to know about the batch, from the raw indptrs.
 struct BatchLimits {
@@ -127,7 +64,8 @@ template <bool kStaged>
 struct SanitizedBatch {
   const int32_t* s_qo;  // staged: the clamped indptrs in shared memory (unused otherwise)
   const int32_t* s_kv;
-  IndexView qo, kv;
+  const int64_t* s_mask;  // staged: the raw mask_indptr where the layout reads it, else zeros
+  IndexView qo, kv, mask;
   int batch;
   int k_qo, k_kv;  // first bad entry of each indptr (batch + 1 if none)
   int first_void;  // requests b >= first_void are void (batch if none)
@@ -140,6 +78,11 @@ struct SanitizedBatch {
   __device__ __forceinline__ int64_t raw_kv(int b) const {
     if constexpr (kStaged) return s_kv[b];
     else return clamp_value(kv[b]);
+  }
+  // mask_indptr[b], raw (the mask conversion bounds what it reads); only where a.has_mask_indptr.
+  __device__ __forceinline__ int64_t mask_start(int b) const {
+    if constexpr (kStaged) return s_mask[b];
+    else return mask[b];
   }
   // Sanitized qo_indptr: monotone, within [0, min(T_pad, out_cache_loc.numel())], starts at 0.
   __device__ __forceinline__ int64_t qo_at(int b) const {
@@ -154,16 +97,18 @@ struct SanitizedBatch {
     if (b <= first_void) return (b < k_kv ? raw_kv(b) - kv0 : 0) + qo_at(b);
     return keys_at_void + qo_at(b) - qo_at(first_void);
   }
-  // The batch over a's indptrs whose first bad entries are k_qo and k_kv (staged: their clamped
-  // copies s_qo, s_kv in shared memory), with first_void; kv0 and keys_at_void come from derive
+  // The batch over a's indptrs whose first bad entries are k_qo and k_kv (staged: their copies
+  // s_qo, s_kv, s_mask in shared memory), with first_void; kv0 and keys_at_void come from derive
   // or from the unstaged pass.
   __device__ __forceinline__ static SanitizedBatch over(const BatchLimits& a, const int32_t* s_qo, const int32_t* s_kv,
-                                                         int k_qo, int k_kv) {
+                                                         const int64_t* s_mask, int k_qo, int k_kv) {
     SanitizedBatch s;
     s.s_qo = s_qo;
     s.s_kv = s_kv;
+    s.s_mask = s_mask;
     s.qo = a.qo;
     s.kv = a.kv;
+    s.mask = a.mask_indptr;
     s.batch = a.batch;
     s.k_qo = k_qo;
     s.k_kv = k_kv;
@@ -185,37 +130,41 @@ struct KeysBefore {
   __device__ __forceinline__ int64_t operator[](int64_t b) const { return s->keys_before(static_cast<int>(b)); }
 };
 
-// Entry b of the indptrs (clamped values, b - 1's too): whether it is the first bad entry of
-// either, folded into the thread's running minimum; with `record`, its faults.
+// Entry b of the indptrs (clamped values, b - 1's too; `mask_down`: mask_indptr[b] < mask_indptr[b-1]
+// on the raw values): whether it is the first bad entry of either, folded into the thread's
+// running minimum; with `record`, its faults. The caller loads every value first: one round trip
+// on a clean batch.
 __device__ __forceinline__ void check_indptr_entry(const BatchLimits& a, StatusRecorder& status, bool record, int b,
-                                                   int64_t q, int64_t q_prev, int64_t k, int64_t k_prev, int& first_q,
-                                                   int& first_k) {
+                                                   int64_t q, int64_t q_prev, int64_t k, int64_t k_prev, bool mask_down,
+                                                   int& first_q, int& first_k) {
   const int64_t max_rows = a.num_rows < a.num_draft_slots ? a.num_rows : a.num_draft_slots;
   const int64_t drafts = q - q_prev;
   const bool q_bad = (b == 0 ? q != 0 : q < q_prev) || q > max_rows || (b > 0 && drafts > a.draft_cap);
   const bool k_bad = (b == 0 ? k < 0 : k < k_prev) || k > a.num_prefix;
   if (q_bad && b < first_q) first_q = b;
   if (k_bad && b < first_k) first_k = b;
-  if (record) {
-    if (b == 0 && q != 0) status.record(kQoStart, 0);
-    if (b > 0 && q < q_prev) status.record(kQoOrder, b);
-    if (b > 0 && k < k_prev) status.record(kKvOrder, b);
-    if (q > a.num_rows) status.record(kQoRows, b);
-    if (q > a.num_draft_slots) status.record(kQoSlots, b);
-    if (k < 0 || k > a.num_prefix) status.record(kKvRange, b);
-    if (b > 0 && a.packed_width > 0 && drafts > a.packed_width) status.record(kMaskWidth, b - 1);
-    if (b > 0 && ((a.max_draft_len > 0 && drafts > a.max_draft_len) || drafts > a.draft_cap)) status.record(kDraftCount, b - 1);
-    // mask_indptr is read raw.
-    if (b > 0 && a.has_mask_indptr && a.mask_indptr[b] < a.mask_indptr[b - 1]) status.record(kMaskIndptrOrder, b);
+  if (record) {  // the raw values are loaded again on a fault's path only (from L1: just read)
+    if (b == 0 && q != 0) status.record(kQoStart, 0, a.qo[0]);
+    if (b > 0 && q < q_prev) status.record(kQoOrder, b, a.qo[b]);
+    if (b > 0 && k < k_prev) status.record(kKvOrder, b, a.kv[b]);
+    if (q > a.num_rows) status.record(kQoRows, b, a.qo[b]);
+    if (q > a.num_draft_slots) status.record(kQoSlots, b, a.qo[b]);
+    if (k < 0 || k > a.num_prefix) status.record(kKvRange, b, a.kv[b]);
+    if (b > 0 && a.packed_width > 0 && drafts > a.packed_width) status.record(kMaskWidth, b - 1, a.qo[b] - a.qo[b - 1]);
+    if (b > 0 && ((a.max_draft_len > 0 && drafts > a.max_draft_len) || drafts > a.draft_cap))
+      status.record(kDraftCount, b - 1, a.qo[b] - a.qo[b - 1]);
+    if (mask_down) status.record(kMaskIndptrOrder, b, a.mask_indptr[b]);
   }
 }
 
 // The staged sanitizing (a.batch <= kSharedBatch). Every thread of the block calls this (it
 // synchronises the block); `record` (one block) records the indptr faults, the faults that depend
 // on slots and mask cells are recorded where they are read. One load round trip (entry b and b-1,
-// the second mostly from L1), one block vote; a second barrier only where an entry is bad.
+// the second mostly from L1), one block vote; a second barrier only where an entry is bad. The
+// mask_indptr is staged too, so the mask warps find their block's start without a round trip.
 __device__ __forceinline__ SanitizedBatch<true> sanitize_staged(const BatchLimits& a, StatusRecorder& status, bool record) {
   __shared__ int32_t s_qo[kSharedBatch + 1], s_kv[kSharedBatch + 1];
+  __shared__ int64_t s_mask[kSharedBatch + 1];
   __shared__ int s_k_qo, s_k_kv;
   const int entries = a.batch + 1;
   if (threadIdx.x == 0) {
@@ -227,16 +176,19 @@ __device__ __forceinline__ SanitizedBatch<true> sanitize_staged(const BatchLimit
     const int64_t q = clamp_value(a.qo[b]), k = clamp_value(a.kv[b]);
     const int64_t q_prev = b == 0 ? 0 : clamp_value(a.qo[b - 1]);
     const int64_t k_prev = b == 0 ? 0 : clamp_value(a.kv[b - 1]);
+    const int64_t m = a.has_mask_indptr ? a.mask_indptr[b] : 0;
+    const bool mask_down = a.has_mask_indptr && b > 0 && m < a.mask_indptr[b - 1];
     s_qo[b] = static_cast<int32_t>(q);
     s_kv[b] = static_cast<int32_t>(k);
-    check_indptr_entry(a, status, record, b, q, q_prev, k, k_prev, first_q, first_k);
+    s_mask[b] = m;
+    check_indptr_entry(a, status, record, b, q, q_prev, k, k_prev, mask_down, first_q, first_k);
   }
   if (__syncthreads_or(first_q < entries || first_k < entries)) {  // block-uniform
     if (first_q < entries) atomicMin(&s_k_qo, first_q);
     if (first_k < entries) atomicMin(&s_k_kv, first_k);
     __syncthreads();
   }
-  SanitizedBatch<true> s = SanitizedBatch<true>::over(a, s_qo, s_kv, s_k_qo, s_k_kv);
+  SanitizedBatch<true> s = SanitizedBatch<true>::over(a, s_qo, s_kv, s_mask, s_k_qo, s_k_kv);
   s.derive();
   return s;
 }
@@ -245,7 +197,7 @@ __device__ __forceinline__ SanitizedBatch<true> sanitize_staged(const BatchLimit
 __device__ __forceinline__ SanitizedBatch<false> sanitized_from(const BatchLimits& a, const IndptrBounds* bounds) {
   const IndptrBounds d = *bounds;
   SanitizedBatch<false> s =
-      SanitizedBatch<false>::over(a, nullptr, nullptr, static_cast<int>(d.k_qo), static_cast<int>(d.k_kv));
+      SanitizedBatch<false>::over(a, nullptr, nullptr, nullptr, static_cast<int>(d.k_qo), static_cast<int>(d.k_kv));
   s.kv0 = d.kv0;
   s.keys_at_void = d.keys_at_void;
   return s;
@@ -280,6 +232,7 @@ __global__ void __launch_bounds__(kThreads) sanitize_indptrs_kernel(BatchLimits 
   constexpr int kRound = 4;
   for (int64_t base = threadIdx.x; base < entries; base += kRound * kThreads) {  // 64-bit: no overflow
     int64_t q[kRound], q_prev[kRound], k[kRound], k_prev[kRound];
+    bool mask_down[kRound];
 #pragma unroll
     for (int j = 0; j < kRound; ++j) {
       const int64_t e = base + static_cast<int64_t>(j) * kThreads;
@@ -289,11 +242,13 @@ __global__ void __launch_bounds__(kThreads) sanitize_indptrs_kernel(BatchLimits 
       k[j] = in ? clamp_value(a.kv[b]) : 0;
       q_prev[j] = in && b > 0 ? clamp_value(a.qo[b - 1]) : 0;
       k_prev[j] = in && b > 0 ? clamp_value(a.kv[b - 1]) : 0;
+      mask_down[j] = in && a.has_mask_indptr && b > 0 && a.mask_indptr[b] < a.mask_indptr[b - 1];
     }
 #pragma unroll
     for (int j = 0; j < kRound; ++j) {
       const int64_t e = base + static_cast<int64_t>(j) * kThreads;
-      if (e < entries) check_indptr_entry(a, status, true, static_cast<int>(e), q[j], q_prev[j], k[j], k_prev[j], first_q, first_k);
+      if (e < entries)
+        check_indptr_entry(a, status, true, static_cast<int>(e), q[j], q_prev[j], k[j], k_prev[j], mask_down[j], first_q, first_k);
     }
   }
   first_q = warp_min(first_q);
@@ -307,7 +262,7 @@ __global__ void __launch_bounds__(kThreads) sanitize_indptrs_kernel(BatchLimits 
     first_q = s_first[0][w] < first_q ? s_first[0][w] : first_q;
     first_k = s_first[1][w] < first_k ? s_first[1][w] : first_k;
   }
-  SanitizedBatch<false> s = SanitizedBatch<false>::over(a, nullptr, nullptr, first_q, first_k);
+  SanitizedBatch<false> s = SanitizedBatch<false>::over(a, nullptr, nullptr, nullptr, first_q, first_k);
   if (threadIdx.x == 0) {
     s.derive();
     *out = IndptrBounds{s.k_qo, s.k_kv, s.kv0, s.keys_at_void};
@@ -373,72 +328,6 @@ inline BatchLimits make_batch_limits(const at::Tensor& qo_indptr, const at::Tens
                      bound(draft_cap),
                      max_draft_len > 0 ? max_draft_len : 0,
                      packed_width};
-}
-
-// The raw inputs whose value at the first position goes into status[kStatusValue].
-struct StatusInputs {
-  IndexView qo, kv, kv_indices, out_cache_loc, mask_indptr;
-  bool has_mask_indptr;
-  int64_t mask_numel;
-};
-
-__device__ __forceinline__ int32_t saturate_int32(int64_t v) {
-  return static_cast<int32_t>(v < INT32_MIN ? INT32_MIN : (v > INT32_MAX ? INT32_MAX : v));
-}
-
-__device__ __forceinline__ int64_t fault_value(const StatusInputs& in, int kind, int64_t pos) {
-  switch (kind) {
-    case kQoStart: case kQoOrder: case kQoRows: case kQoSlots: return in.qo[pos];
-    case kKvOrder: case kKvRange: return in.kv[pos];
-    case kKvSlot: return in.kv_indices[pos];
-    case kDraftSlot: return in.out_cache_loc[pos];
-    case kMaskWidth: case kDraftCount: return in.qo[pos + 1] - in.qo[pos];
-    case kMaskIndptrOrder: return in.mask_indptr[pos];
-    default: return in.mask_numel;  // kMaskRange
-  }
-}
-
-// Called by every thread of every block at the end of the launch. Each block arrives with one
-// atomic on the ticket (a block that recorded a fault fences first, so that its positions are
-// visible to whoever sees its arrival); the last block to arrive publishes the status and clears
-// the workspace, so the next launch (the next replay of a captured step) starts clean without a
-// memset of its own. Clean step: one barrier vote, one atomic per block, 16 stores in the last.
-__device__ __forceinline__ void finish_status(const StatusRecorder& status, const StatusInputs& in) {
-  const StatusView& view = status.view;
-  if (view.data == nullptr) return;  // uniform over the grid
-  __shared__ unsigned long long s_ticket;
-  __shared__ int32_t s_pos[kNumFaults];
-  const bool faulted = __syncthreads_or(status.recorded);
-  if (threadIdx.x == 0) {
-    if (faulted) __threadfence();
-    s_ticket = atomicAdd(view.ticket, kTicketArrival);
-  }
-  __syncthreads();
-  const unsigned long long ticket = s_ticket;
-  if ((ticket >> 32) != gridDim.x - 1) return;
-  const uint32_t bits = static_cast<uint32_t>(ticket);
-  if (bits == 0) {
-    if (threadIdx.x < kStatusAccum) view.data[threadIdx.x] = threadIdx.x == kStatusBits || threadIdx.x == kStatusValue ? 0 : -1;
-    if (threadIdx.x == 0) *view.ticket = 0;
-    return;
-  }
-  __threadfence();  // the positions of the blocks that arrived before
-  if (threadIdx.x < kNumFaults) {
-    int32_t pos = -1;
-    if (bits >> threadIdx.x & 1) pos = static_cast<int32_t>(kClampHigh) - atomicExch(view.data + kStatusAccum + threadIdx.x, 0);
-    s_pos[threadIdx.x] = pos;
-    view.data[kStatusPositions + threadIdx.x] = pos;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int kind = __ffs(static_cast<int>(bits)) - 1;
-    const int32_t pos = s_pos[kind];
-    view.data[kStatusBits] = static_cast<int32_t>(bits);
-    view.data[kStatusKind] = kind;
-    view.data[kStatusPosition] = pos;
-    view.data[kStatusValue] = saturate_int32(fault_value(in, kind, pos));
-    *view.ticket = 0;
-  }
 }
 
 }  // namespace ddtree

@@ -84,13 +84,15 @@ def mla_tree_verify(
     num_rows = q.shape[0]
     words = mask_words_per_row(tree_mask, mask_layout, num_rows, max_draft_len)
     # The attention op reads the sanitized qo_indptr the preparation returns, never the raw one,
-    # and the schedule plan it makes in the same launch.
+    # and the schedule plan it makes in the same launch; it publishes the status the preparation
+    # recorded (status.py).
     plan = new_plan(q, qo_indptr)
     verify_indptr, verify_indices, mask_words, qo_indptr = ops.prepare_verify(
         qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout, num_rows, words,
-        rows.shape[0], max_draft_len or 0, status, plan, q.shape[1],
+        rows.shape[0], max_draft_len or 0, status, plan, q.shape[1], publish_status=False,
     )
-    return attend(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend, kv_scale, plan)
+    return attend(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend, kv_scale, plan,
+                  status)
 
 
 def new_plan(q, qo_indptr):
@@ -98,9 +100,11 @@ def new_plan(q, qo_indptr):
     return q.new_empty(plan_numel(q.shape[0], q.shape[1], qo_indptr.shape[0] - 1), dtype=torch.int64)
 
 
-def attend(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend, kv_scale=None, plan=None):
+def attend(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend, kv_scale=None, plan=None,
+           status=None):
     """The attention op over prepared inputs (both entry points): `rows` is the [S, 576] pool, a
-    uint8 one read as the float8_e4m3fn bytes it holds; `plan` the preparation's schedule plan."""
+    uint8 one read as the float8_e4m3fn bytes it holds; `plan` the preparation's schedule plan;
+    `status` the one the preparation left unpublished (publish_status=False), published here."""
     sm_scale = float(sm_scale)
     if rows.dtype == torch.uint8:
         rows = rows.view(torch.float8_e4m3fn)
@@ -108,11 +112,11 @@ def attend(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_sca
     scale_value = 1.0 if kv_scale is None or scale_tensor is not None else float(kv_scale)
     if out is None and lse is None:
         return ops.tree_attention(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend,
-                                  scale_tensor, scale_value, plan)
+                                  scale_tensor, scale_value, plan, status)
     if out is None:
         out = q.new_empty((q.shape[0], q.shape[1], LATENT_DIM))
     if lse is None:
         lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
     ops.tree_attention_into(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend,
-                            scale_tensor, scale_value, plan)
+                            scale_tensor, scale_value, plan, status)
     return out, lse

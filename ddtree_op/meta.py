@@ -19,7 +19,7 @@ def convert_tree_mask_fake(tree_mask, mask_indptr, qo_indptr, kv_indptr, layout,
 
 
 def prepare_verify_fake(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows, words_per_row,
-                        num_slots=2**31 - 1, max_draft_len=0, status=None, plan=None, heads=0):
+                        num_slots=2**31 - 1, max_draft_len=0, status=None, plan=None, heads=0, publish_status=True):
     verify_indptr, verify_indices = build_verify_indices_fake(qo_indptr, kv_indptr, kv_indices, out_cache_loc)
     mask_words = convert_tree_mask_fake(tree_mask, mask_indptr, qo_indptr, kv_indptr, layout, num_rows, words_per_row)
     qo_indptr_out = qo_indptr.new_empty(qo_indptr.shape[0], dtype=torch.int32)  # sanitized; status and plan are written in place
@@ -27,7 +27,7 @@ def prepare_verify_fake(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_ma
 
 
 def tree_attention_fake(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend="auto", kv_scale=None,
-                        kv_scale_value=1.0, plan=None):
+                        kv_scale_value=1.0, plan=None, status=None):  # status is written in place
     tokens, heads = q.shape[0], q.shape[1]
     out = q.new_empty((tokens, heads, LATENT_DIM))
     lse = q.new_empty((tokens, heads), dtype=torch.float32)
@@ -35,7 +35,7 @@ def tree_attention_fake(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
 
 
 def tree_attention_into_fake(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend="auto",
-                             kv_scale=None, kv_scale_value=1.0, plan=None):
+                             kv_scale=None, kv_scale_value=1.0, plan=None, status=None):
     return None
 
 

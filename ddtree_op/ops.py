@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import backends, build, meta, prep
+from . import backends, build, meta, prep, status as status_layout
 from .contract import LATENT_DIM
 from .checks import check_status_argument
 
@@ -25,9 +25,12 @@ _lib.define(
 _lib.define(
     "prepare_verify(Tensor qo_indptr, Tensor kv_indptr, Tensor kv_indices, Tensor out_cache_loc, Tensor tree_mask,"
     " Tensor? mask_indptr, str layout, SymInt num_rows, SymInt words_per_row, SymInt num_slots=2147483647,"
-    " int max_draft_len=0, Tensor(a!)? status=None, Tensor(b!)? plan=None, SymInt heads=0)"
+    " int max_draft_len=0, Tensor(a!)? status=None, Tensor(b!)? plan=None, SymInt heads=0, bool publish_status=True)"
     " -> (Tensor verify_indptr, Tensor verify_indices, Tensor mask_words, Tensor qo_indptr_out)"
 )
+# `status` (status.py) records the faults of the index values. With publish_status=False they are
+# left in its workspace for the attention op that follows (given the same status) to publish:
+# the verify step's way, which spares the preparation's blocks a ticket (cutlass_kernels/status.cuh).
 # `plan` (int64 [contract.plan_numel(num_rows, heads, B)]), when given, receives the sm90 kernels'
 # schedule plan of the sanitized batch (cutlass_kernels/verify_plan.cuh), made for the CTAs and
 # splits that backend chooses from these shapes on this device.
@@ -44,9 +47,11 @@ _ATTENTION_ARGS = (
 # else by kv_scale_value; other caches ignore both.
 _SCALE_ARGS = "Tensor? kv_scale=None, float kv_scale_value=1.0"
 # `plan`: prepare_verify's, read by the sm90 backend (which makes one where it is not given).
-_lib.define(f"tree_attention({_ATTENTION_ARGS}, str backend='auto', {_SCALE_ARGS}, Tensor? plan=None) -> (Tensor out, Tensor lse)")
+# `status`: publishes what the prepare_verify before it (publish_status=False) left in it.
+_lib.define(f"tree_attention({_ATTENTION_ARGS}, str backend='auto', {_SCALE_ARGS}, Tensor? plan=None,"
+            " Tensor(a!)? status=None) -> (Tensor out, Tensor lse)")
 _lib.define(f"tree_attention_into({_ATTENTION_ARGS}, Tensor(a!) out, Tensor(b!) lse, str backend='auto', {_SCALE_ARGS},"
-            " Tensor? plan=None) -> ()")
+            " Tensor? plan=None, Tensor(c!)? status=None) -> ()")
 
 
 def _build_verify_indices_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc):
@@ -77,16 +82,17 @@ def _plan_schedule(plan, qo_indptr, kv_indices, out_cache_loc, num_rows, heads):
 
 
 def _prepare_verify_cpu(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows, words_per_row,
-                        num_slots=prep.CLAMP_HIGH, max_draft_len=0, status=None, plan=None, heads=0):
+                        num_slots=prep.CLAMP_HIGH, max_draft_len=0, status=None, plan=None, heads=0, publish_status=True):
     if status is not None:
         check_status_argument(status, qo_indptr.device)  # as the CUDA op checks it
     ctas, splits = _plan_schedule(plan, qo_indptr, kv_indices, out_cache_loc, num_rows, heads)
     return prep.prepare_verify_checked(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows,
-                                       words_per_row, num_slots, max_draft_len, status, plan, heads, ctas, splits)
+                                       words_per_row, num_slots, max_draft_len, status, plan, heads, ctas, splits,
+                                       publish_status)
 
 
 def _prepare_verify_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows, words_per_row,
-                         num_slots=prep.CLAMP_HIGH, max_draft_len=0, status=None, plan=None, heads=0):
+                         num_slots=prep.CLAMP_HIGH, max_draft_len=0, status=None, plan=None, heads=0, publish_status=True):
     # Both preparation steps, the checks, the status and the schedule plan in one launch.
     if status is not None:
         check_status_argument(status, qo_indptr.device)  # a ValueError before the CUDA op's own check
@@ -95,7 +101,7 @@ def _prepare_verify_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_m
     return torch.ops.ddtree_cuda.prepare_verify(
         qo_indptr.contiguous(), kv_indptr.contiguous(), kv_indices.contiguous(), out_cache_loc.contiguous(),
         tree_mask.contiguous(), None if mask_indptr is None else mask_indptr.contiguous(), layout, num_rows, words_per_row,
-        num_slots, max_draft_len, status, plan, heads, ctas, splits,
+        num_slots, max_draft_len, status, plan, heads, ctas, splits, publish_status,
     )
 
 
@@ -118,17 +124,21 @@ _lib.impl("paged_slot_lists", _paged_slot_lists_cuda, "CUDA")
 
 
 def _tree_attention_into(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend="auto",
-                         kv_scale=None, kv_scale_value=1.0, plan=None):
-    backends.run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend,
-                                kv_scale, kv_scale_value, plan)
+                         kv_scale=None, kv_scale_value=1.0, plan=None, status=None):
+    if status is not None:
+        check_status_argument(status, q.device)
+    published = backends.run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out,
+                                            lse, backend, kv_scale, kv_scale_value, plan, status)
+    if status is not None and not published:  # no kernel launched that publishes it (CPU, reference, no rows)
+        status_layout.publish(status)
 
 
 def _tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend="auto", kv_scale=None,
-                    kv_scale_value=1.0, plan=None):
+                    kv_scale_value=1.0, plan=None, status=None):
     out = q.new_empty((q.shape[0], q.shape[1], LATENT_DIM))
     lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
     _tree_attention_into(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend,
-                         kv_scale, kv_scale_value, plan)
+                         kv_scale, kv_scale_value, plan, status)
     return out, lse
 
 

@@ -33,14 +33,16 @@ def paged_verify_len(batch, max_pages, page_size, num_rows):
 
 
 def prepare_paged(block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr, layout, page_size, num_pages, num_rows,
-                  words_per_row, max_draft_len=0, status=None, plan=None, heads=0):
+                  words_per_row, max_draft_len=0, status=None, plan=None, heads=0, publish_status=True):
     """The paged batch's preparation: its slot lists, then `ddtree::prepare_verify` over them.
     Returns prepare_verify's (verify_indptr, verify_indices [paged_verify_len], mask_words,
-    sanitized qo_indptr); `plan`, when given, receives the schedule plan for `heads` heads."""
+    sanitized qo_indptr); `plan`, when given, receives the schedule plan for `heads` heads.
+    The slot lists record nothing (their faults are those prepare_verify finds in them), so the
+    status follows prepare_verify's `publish_status`."""
     kv_indptr, kv_indices, out_cache_loc = ops.paged_slot_lists(block_table, cache_seqlens, qo_indptr, page_size, num_pages,
                                                                 num_rows)
     return ops.prepare_verify(qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, num_rows,
-                              words_per_row, num_pages * page_size, max_draft_len, status, plan, heads)
+                              words_per_row, num_pages * page_size, max_draft_len, status, plan, heads, publish_status)
 
 
 def _check_paged_shapes(q, kv_cache, block_table, cache_seqlens, qo_indptr):
@@ -169,6 +171,6 @@ def mla_tree_verify_paged(
     plan = new_plan(q, qo_indptr)
     verify_indptr, verify_indices, mask_words, qo_sanitized = prepare_paged(
         block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr, mask_layout, kv_cache.shape[1], kv_cache.shape[0],
-        num_rows, words, max_draft_len or 0, status, plan, q.shape[1])
+        num_rows, words, max_draft_len or 0, status, plan, q.shape[1], publish_status=False)
     return attend(q, rows, qo_sanitized, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend, kv_scale,
-                  plan)
+                  plan, status)

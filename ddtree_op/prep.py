@@ -20,7 +20,7 @@ import torch
 from .contract import (CUT_COST_UNITS, MASK_LAYOUTS, PACKED_MASK_BITS, PLAN_BLOCK, PLAN_CTAS, PLAN_EQUAL_SHARES,
                        PLAN_FIELDS, PLAN_FIRST_ITEM, PLAN_HEADER, PLAN_HEADS, PLAN_ITEMS, PLAN_REQUEST, PLAN_ROW_BLOCKS,
                        PLAN_SPLITS, PLAN_UNITS, PLAN_USED, ROWS_PER_BLOCK, UNIT_KEYS, plan_capacity)
-from .status import FAULTS, NUM_FAULTS, POSITIONS
+from .status import FAULTS, NUM_FAULTS, POSITIONS, write_keys
 
 # Signed dtype of the same width, so the raw bits can be read with ops every backend has.
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32}
@@ -272,9 +272,10 @@ def verify_plan(qo_indptr: torch.Tensor, verify_indptr: torch.Tensor, num_rows: 
     return torch.cat([header] + fields)
 
 
-def _write_status(status, faults: dict, values: dict) -> None:
-    """status[:WORKSPACE] from per-kind (flags, positions) and the raw values per kind; the
-    layout of status.py, computed as a tensor program (no host reads)."""
+def _write_status(status, faults: dict, values: dict, publish: bool = True) -> None:
+    """The status from per-kind (flags, positions) and the raw values per kind, as a tensor program
+    (no host reads): published (status[:WORKSPACE], the layout of status.py), or with `publish`
+    False left as the keys that the attention op then publishes (status.write_keys)."""
     device = status.device
     big = CLAMP_HIGH
     firsts = []
@@ -286,13 +287,17 @@ def _write_status(status, faults: dict, values: dict) -> None:
             firsts.append(torch.tensor(big, device=device))
     first = torch.stack(firsts)  # [K]
     present = first < big
+    value_per_kind = torch.stack([values[name](first[k]) for k, (name, _, _) in enumerate(FAULTS)])
+    value_per_kind = value_per_kind.clamp(-(2**31), 2**31 - 1)
+    if not publish:
+        write_keys(status, present, first, value_per_kind)
+        return
     bits = (present.long() << torch.arange(NUM_FAULTS, device=device)).sum()
     kind = torch.where(present, torch.arange(NUM_FAULTS, device=device), torch.full_like(first, NUM_FAULTS)).min()
     found = kind < NUM_FAULTS
     kind_safe = kind.clamp(max=NUM_FAULTS - 1)
     position = first[kind_safe]
-    value_per_kind = torch.stack([values[name](position) for name, _, _ in FAULTS])
-    value = value_per_kind[kind_safe].clamp(-(2**31), 2**31 - 1)
+    value = value_per_kind[kind_safe]
     head = torch.stack([bits, torch.where(found, kind, -1), torch.where(found, position, -1), torch.where(found, value, 0)])
     status[:POSITIONS].copy_(head.to(torch.int32))
     status[POSITIONS:POSITIONS + NUM_FAULTS].copy_(torch.where(present, first, -1).to(torch.int32))
@@ -323,11 +328,13 @@ def prepare_verify_checked(
     heads: int = 0,
     plan_ctas: int = 1,
     plan_splits: int = 1,
+    publish_status: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The verify step's preparation, validated and sanitized (the CPU implementation of
     `ddtree::prepare_verify`): (verify_indptr, verify_indices, mask_words, qo_indptr) where
     qo_indptr is the sanitized one (int32 [B+1]) that the attention op reads. Slots outside
-    [0, num_slots) become -1. Where a value had to be sanitized, `status` (status.py) records it.
+    [0, num_slots) become -1. Where a value had to be sanitized, `status` (status.py) records it:
+    published, or with `publish_status` False left in its keys for the attention op to publish.
     `plan` (int64 [plan_numel(num_rows, heads, B)]), when given, receives the schedule plan of the
     sanitized batch for `heads` heads, `plan_ctas` CTAs and `plan_splits` splits (verify_plan)."""
     packed_width = _packed_width(tree_mask, layout)
@@ -349,7 +356,7 @@ def prepare_verify_checked(
             "mask_indptr_order": _raw_at(reads_mask_indptr if reads_mask_indptr is not None else qo_indptr),
             "mask_range": lambda p: p.new_tensor(numel),
         }
-        _write_status(status, faults, values)
+        _write_status(status, faults, values, publish_status)
     if plan is not None:
         plan.copy_(verify_plan(s.qo, s.verify_indptr, num_rows, heads, plan_ctas, plan_splits))
     return s.verify_indptr.int(), verify_indices, mask_words, s.qo.int()

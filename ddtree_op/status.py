@@ -13,18 +13,25 @@ Layout (int32 [STATUS_SIZE]), rewritten by every call that is given it:
   [1] the lowest kind whose bit is set, -1 if none; [2] its first position; [3] the raw value
       there (saturated to int32)
   [4 + k] the first position of kind k, -1 if none
-  [16:] workspace of the preparation launch: zeros between calls, never written by the caller.
-One call at a time per status tensor (calls on one stream, as a step's layers are, may share it:
-each rewrites it, and they all see the same index values).
+  [16:] workspace: zeros between calls, never written by the caller. From its first 8-byte
+      aligned word (key_word), one 64-bit key per kind, ~(position << 32 | uint32(value)) (0:
+      none), then a 64-bit ticket.
+The preparation records each fault's key (the earliest position wins, its value with it); in a
+verify step the attention launch that follows publishes [0:16) from the keys and clears them, so
+the preparation's blocks need not wait for one another (the preparation op alone publishes in its
+last block, found by the ticket). One call at a time per status tensor (calls on one stream, as a
+step's layers are, may share it: each rewrites it, and they all see the same index values).
 Positions index the argument the kind names (qo_indptr entries, kv_indices entries, requests...).
-The same layout is defined in cutlass_kernels/verify_status.cuh.
+Where the keys start depends on the tensor's address, so the preparation and the launch that
+publishes are given the same tensor (as the entry points do). The same layout is defined in
+cutlass_kernels/status.cuh.
 """
 
 from __future__ import annotations
 
 import torch
 
-STATUS_SIZE = 32
+STATUS_SIZE = 48
 BITS, KIND, POSITION, VALUE, POSITIONS = 0, 1, 2, 3, 4
 WORKSPACE = 16
 
@@ -46,7 +53,7 @@ FAULTS = (
 )
 KIND_INDEX = {name: k for k, (name, _, _) in enumerate(FAULTS)}
 NUM_FAULTS = len(FAULTS)
-assert POSITIONS + NUM_FAULTS <= WORKSPACE
+assert POSITIONS + NUM_FAULTS <= WORKSPACE and WORKSPACE + 1 + 2 * (NUM_FAULTS + 1) <= STATUS_SIZE
 
 
 def new_status(device: torch.device | str | None = None) -> torch.Tensor:
@@ -89,6 +96,44 @@ def decode_status(status: torch.Tensor) -> list[tuple[str, str, int]]:
     check_status_tensor(status)
     values = status[:WORKSPACE].tolist()
     return [(name, argument, values[POSITIONS + k]) for k, (name, argument, _) in enumerate(FAULTS) if values[BITS] >> k & 1]
+
+
+def key_word(status: torch.Tensor) -> int:
+    """The word where the status's keys start: the workspace's first 8-byte aligned word (the
+    CUDA kernels' choice, from the data pointer; no device read)."""
+    return WORKSPACE + (status.data_ptr() + 4 * WORKSPACE) % 8 // 4
+
+
+def write_keys(status: torch.Tensor, present: torch.Tensor, positions: torch.Tensor, values: torch.Tensor) -> None:
+    """The keys of the faults of kinds `present` (bool [NUM_FAULTS]) at their first `positions`
+    with the raw `values` there (int64 [NUM_FAULTS], values saturated to int32), as the CUDA
+    preparation leaves them for the launch that publishes (a tensor program: no host reads)."""
+    word = key_word(status)
+    keys = status[word:word + 2 * NUM_FAULTS].view(NUM_FAULTS, 2)  # (low, high) words of each key
+    zero = torch.zeros_like(positions)
+    keys[:, 0].copy_(torch.where(present, ~values.clamp(-(2**31), 2**31 - 1), zero).to(torch.int32))
+    keys[:, 1].copy_(torch.where(present, ~positions, zero).to(torch.int32))
+
+
+def publish(status: torch.Tensor) -> None:
+    """status[:WORKSPACE] from the keys a preparation left (publish_status=False), then the keys
+    and the ticket cleared: what one thread of the CUDA attention kernels does, as a tensor program
+    (no host reads) for the paths that launch none (CPU, the reference backend, no rows)."""
+    word = key_word(status)
+    keys = status[word:word + 2 * NUM_FAULTS].view(NUM_FAULTS, 2)
+    present = keys[:, 1] != 0
+    positions = torch.where(present, ~keys[:, 1], -1)
+    values = ~keys[:, 0]
+    kinds = torch.arange(NUM_FAULTS, device=status.device)
+    bits = (present.long() << kinds).sum()
+    kind = torch.where(present, kinds, NUM_FAULTS).min()
+    found = kind < NUM_FAULTS
+    first = kind.clamp(max=NUM_FAULTS - 1)
+    head = torch.stack([bits, torch.where(found, kind, -1), torch.where(found, positions[first], -1).long(),
+                        torch.where(found, values[first], 0).long()])
+    status[:POSITIONS].copy_(head.to(torch.int32))
+    status[POSITIONS:POSITIONS + NUM_FAULTS].copy_(positions)
+    status[word:word + 2 * (NUM_FAULTS + 1)].zero_()
 
 
 def rename_arguments(message: str, names: dict[str, str] | None) -> str:

@@ -84,8 +84,9 @@ def test_attention_ops_are_inference_only(device):
         ddtree_op.mla_tree_verify(q, vb.kv_cache, **vb.kwargs())
 
 
-@pytest.mark.parametrize("bad", [torch.zeros(32, dtype=torch.int64), torch.zeros(8, dtype=torch.int32),
-                                 torch.zeros(64, dtype=torch.int32)[::2], "status"])
+@pytest.mark.parametrize("bad", [torch.zeros(ddtree_op.status.STATUS_SIZE, dtype=torch.int64), torch.zeros(8, dtype=torch.int32),
+                                 torch.zeros(32, dtype=torch.int32),
+                                 torch.zeros(2 * ddtree_op.status.STATUS_SIZE, dtype=torch.int32)[::2], "status"])
 def test_status_argument_is_checked(bad):
     vb = make_verify_batch([6, 3], [3, 2], 2)
     with pytest.raises(ValueError, match="argument 'status'"):
@@ -97,7 +98,7 @@ def test_prepare_op_checks_its_status_argument(device):
     vb = make_verify_batch([6, 3], [3, 2], 2, device=device)
     bad = [torch.zeros(16, dtype=torch.int32, device=device)]
     if device == "cuda":
-        bad.append(torch.zeros(32, dtype=torch.int32))  # right size, on the CPU
+        bad.append(torch.zeros(ddtree_op.status.STATUS_SIZE, dtype=torch.int32))  # right size, on the CPU
     for status in bad:
         with pytest.raises((ValueError, RuntimeError), match="argument 'status'"):
             torch.ops.ddtree.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
@@ -110,11 +111,12 @@ from ddtree_op import build
 from ddtree_op.synthetic import make_verify_batch
 build.load_cuda_library()
 vb = make_verify_batch([6, 3], [3, 2], 2, device="cuda")
-status = {"short": torch.zeros(16, dtype=torch.int32, device="cuda"), "int64": torch.zeros(32, dtype=torch.int64, device="cuda"),
-          "cpu": torch.zeros(32, dtype=torch.int32)}[sys.argv[1]]
+status = {"short": torch.zeros(32, dtype=torch.int32, device="cuda"), "int64": torch.zeros(48, dtype=torch.int64, device="cuda"),
+          "cpu": torch.zeros(48, dtype=torch.int32)}[sys.argv[1]]
 try:
     torch.ops.ddtree_cuda.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
-                                         vb.mask_indptr, "full", vb.q.shape[0], 1, vb.kv_cache.shape[0], 0, status, None, 0, 0, 0)
+                                         vb.mask_indptr, "full", vb.q.shape[0], 1, vb.kv_cache.shape[0], 0, status, None, 0, 0, 0,
+                                         True)
 except RuntimeError as error:
     print("raised:", str(error).splitlines()[0])
 torch.cuda.synchronize()
@@ -153,12 +155,12 @@ def test_status_layout_agrees_with_the_cuda_header():
     import re
     from pathlib import Path
 
-    header = (Path(__file__).parents[1] / "cutlass_kernels" / "verify_status.cuh").read_text()
+    header = (Path(__file__).parents[1] / "cutlass_kernels" / "status.cuh").read_text()
     constants = {name: int(value) for name, value in re.findall(r"\b(k\w+) = (-?\d+)", header)}
     s = ddtree_op.status
     assert constants["kStatusSize"] == s.STATUS_SIZE
     assert (constants["kStatusBits"], constants["kStatusKind"], constants["kStatusPosition"], constants["kStatusValue"],
-            constants["kStatusPositions"], constants["kStatusAccum"]) == (s.BITS, s.KIND, s.POSITION, s.VALUE, s.POSITIONS,
+            constants["kStatusPositions"], constants["kStatusWorkspace"]) == (s.BITS, s.KIND, s.POSITION, s.VALUE, s.POSITIONS,
                                                                         s.WORKSPACE)
     enum = re.search(r"enum Fault : int \{(.*?)\};", header, re.S).group(1)
     names = re.findall(r"\bk(\w+) = (\d+),", enum)

@@ -1,13 +1,17 @@
-"""The CUDA preparation headers' logic on the CPU: cutlass_kernels/verify_status.cuh,
+"""The CUDA preparation headers' logic on the CPU: cutlass_kernels/verify_status.cuh, status.cuh,
 verify_indices.cuh and tree_mask.cuh compiled for the host, with threads, barriers and warp votes
-emulated (tests/cuda_emulation/), against the CPU program, bit for bit, outputs and status.
+emulated (tests/cuda_emulation/), against the CPU program, bit for bit, outputs and status. The
+status both ways: published by the preparation's last block (the op alone, the ticket), and left
+in its keys for one thread of the next launch to publish (the verify step).
 
 It checks the kernel's logic (sanitizing, block reductions, the last-block status), not the GPU's
 memory model. Building it takes minutes, so it runs only with DDTREE_TEST_EMULATION=1.
 """
 
 import hashlib
+import itertools
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,8 @@ from ddtree_op.synthetic import make_verify_batch
 from test_bounds_safety import CASES, _batch
 
 HERE = Path(__file__).resolve().parent
+# The wide index build's positions a thread, as the kernels' header defines it.
+WIDE_POSITIONS = int(re.search(r"kWidePositions = (\d+);", (HERE.parent / "cutlass_kernels" / "verify_indices.cuh").read_text())[1])
 pytestmark = pytest.mark.skipif(os.environ.get("DDTREE_TEST_EMULATION", "0") != "1",
                                 reason="set DDTREE_TEST_EMULATION=1 to build the host emulation of the CUDA preparation (minutes)")
 
@@ -41,22 +47,25 @@ def emu():
 
 def _compare(emu, kw, layout, rows, num_slots, max_draft_len, words=None, paths=(False, True), status_offset=0):
     """The emulated launch on the staged path (for B <= 1023; above, both take the unstaged one)
-    and on the unstaged path, each against the CPU program; `status_offset` puts the status at an
-    odd word of a larger buffer, so the 64-bit ticket takes the next word."""
+    and on the unstaged path, each with one and with WIDE_POSITIONS positions a thread of the
+    index build, and each with both ways of publishing the status, against the CPU program;
+    `status_offset` puts the status at an odd word of a larger buffer, so the 64-bit keys and
+    ticket take the next word."""
     words = words or mask_words_per_row(kw["tree_mask"], layout, rows, max_draft_len)
     args = (kw["qo_indptr"], kw["kv_indptr"], kw["kv_indices"], kw["out_cache_loc"], kw["tree_mask"], kw["mask_indptr"],
             layout, rows, words, num_slots, max_draft_len or 0)
     want_status = ddtree_op.new_status()
     wvi, wvx, wmw, wqo = prep.prepare_verify_checked(*args, want_status)
     total = int(wvi[-1])
-    for unstaged in paths:
+    for unstaged, positions_per_thread, last_block in itertools.product(paths, (1, WIDE_POSITIONS), (True, False)):
         buffer = torch.zeros(ddtree_op.status.STATUS_SIZE + 1, dtype=torch.int32)
         status = buffer[status_offset:status_offset + ddtree_op.status.STATUS_SIZE]
         status[: ddtree_op.status.WORKSPACE] = 7  # stale values of an earlier step: rewritten
-        vi, vx, mw, qo = emu.prepare_verify_emu(*args, status, unstaged)
-        assert torch.equal(vi, wvi) and torch.equal(qo, wqo) and torch.equal(mw, wmw), unstaged
-        assert torch.equal(vx[:total], wvx[:total]), unstaged
-        assert torch.equal(status, want_status), (unstaged, status.tolist(), want_status.tolist())  # workspace left zeroed
+        vi, vx, mw, qo = emu.prepare_verify_emu(*args, status, unstaged, positions_per_thread, last_block)
+        path = (unstaged, positions_per_thread, last_block)
+        assert torch.equal(vi, wvi) and torch.equal(qo, wqo) and torch.equal(mw, wmw), path
+        assert torch.equal(vx[:total], wvx[:total]), path
+        assert torch.equal(status, want_status), (path, status.tolist(), want_status.tolist())  # workspace left zeroed
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

@@ -341,9 +341,14 @@ def test_opcheck_prepare_verify_with_status(device):
         words = mask_words_per_row(kw["tree_mask"], case.layout, rows, case.max_draft_len)
         status = ddtree_op.new_status(device)
         status[: ddtree_op.status.WORKSPACE].random_(0, 100)  # written, not read: opcheck sees a stale value change
-        torch.library.opcheck(ops.prepare_verify, (kw["qo_indptr"], kw["kv_indptr"], kw["kv_indices"], kw["out_cache_loc"],
-                                                   kw["tree_mask"], kw["mask_indptr"], case.layout, rows, words,
-                                                   vb.kv_cache.shape[0], case.max_draft_len or 0, status))
+        prepare = (kw["qo_indptr"], kw["kv_indptr"], kw["kv_indices"], kw["out_cache_loc"], kw["tree_mask"], kw["mask_indptr"],
+                   case.layout, rows, words, vb.kv_cache.shape[0], case.max_draft_len or 0, status)
+        torch.library.opcheck(ops.prepare_verify, prepare)
+        # The verify step's halves: the keys left in the workspace, then published by the attention op.
+        torch.library.opcheck(ops.prepare_verify, prepare, {"publish_status": False})
+        vi, vx, mw, qo = ops.prepare_verify(*prepare, publish_status=False)
+        torch.library.opcheck(ops.tree_attention, (vb.q, vb.kv_cache.view(-1, 576), qo, vi, vx, mw, vb.sm_scale),
+                              {"status": status})
 
 
 @needs_cuda
@@ -372,6 +377,161 @@ def test_cuda_preparation_sanitizes_exactly_as_the_cpu(layout):
         assert torch.equal(vi, wvi) and torch.equal(qo, wqo) and torch.equal(mw, wmw), case.name
         assert torch.equal(vx[:total], wvx[:total]), case.name
         assert torch.equal(st, wst), (case.name, st.tolist(), wst.tolist())
+
+
+def _prepare_case(case, device, status, publish_status=True):
+    """prepare_verify over the case's bad batch on `device`, recording into `status`."""
+    from ddtree_op import ops
+    from ddtree_op.api import mask_words_per_row
+
+    vb = _batch(case, device)
+    kw = vb.kwargs()
+    case.mutate(vb, kw)
+    rows = vb.q.shape[0]
+    words = mask_words_per_row(kw["tree_mask"], case.layout, rows, case.max_draft_len)
+    prepared = ops.prepare_verify(kw["qo_indptr"], kw["kv_indptr"], kw["kv_indices"], kw["out_cache_loc"], kw["tree_mask"],
+                                  kw["mask_indptr"], case.layout, rows, words, vb.kv_cache.shape[0], case.max_draft_len or 0,
+                                  status, publish_status=publish_status)
+    return vb, prepared
+
+
+def _status_at(offset, device="cpu"):
+    """A status at word `offset` of a larger buffer, its head stale (written by the call); with an
+    odd offset its keys start one word later (8-byte alignment)."""
+    import ddtree_op
+
+    size = ddtree_op.status.STATUS_SIZE
+    status = torch.zeros(size + 1, dtype=torch.int32, device=device)[offset:offset + size]
+    status[: ddtree_op.status.WORKSPACE] = 7
+    return status
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_status_left_in_keys_then_published_is_the_status_published_at_once(offset):
+    """The verify step's way (the preparation leaves a key per kind, the attention op publishes
+    them) against the preparation op alone, bit for bit, on every case (CPU)."""
+    import ddtree_op
+
+    for case in CASES:
+        want = ddtree_op.new_status()
+        _prepare_case(case, "cpu", want)
+        status = _status_at(offset)
+        _prepare_case(case, "cpu", status, publish_status=False)
+        workspace = ddtree_op.status.WORKSPACE
+        assert (status[:workspace] == 7).all() and status[workspace:].any(), case.name  # keys, not yet published
+        ddtree_op.status.publish(status)
+        assert torch.equal(status, want), (case.name, status.tolist(), want.tolist())
+        ddtree_op.status.publish(status)  # cleared keys: a clean step
+        assert ddtree_op.decode_status(status) == [] and not status[workspace:].any(), case.name
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_status_of_a_step_without_rows(device):
+    """No rows (T_pad = 0): no attention kernel is launched, the status is still published."""
+    import ddtree_op
+    from ddtree_op.synthetic import make_verify_batch
+
+    vb = make_verify_batch([], [], 2, device=device)
+    assert vb.q.shape[0] == 0
+    status = ddtree_op.new_status(device)
+    past = vb.kv_indices.numel() + 3
+    kw = dict(vb.kwargs(), kv_indptr=torch.tensor([past], dtype=vb.kv_indptr.dtype, device=device))  # past kv_indices
+    ddtree_op.mla_tree_verify(vb.q, vb.kv_cache, **kw, status=status)
+    assert [kind for kind, _, _ in ddtree_op.decode_status(status)] == ["kv_range"]
+    assert status[ddtree_op.status.VALUE] == past and not status[ddtree_op.status.WORKSPACE:].any()
+    ddtree_op.mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), status=status)
+    assert ddtree_op.decode_status(status) == []
+
+
+def _gpu_status_backends():
+    return ["triton", "reference", pytest.param("sm90", marks=pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm_90 GPU"))]
+
+
+@needs_cuda
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("backend", _gpu_status_backends())
+def test_verify_step_status_on_cuda_is_the_cpu_status(backend, offset):
+    """mla_tree_verify on CUDA (the attention launch publishes) against the CPU, bit for bit: every
+    word of the status, the value of the first fault included, the workspace left zeroed."""
+    import ddtree_op
+
+    for case in CASES:
+        results = []
+        for device in ("cuda", "cpu"):
+            vb = _batch(case, device)
+            kw = vb.kwargs()
+            case.mutate(vb, kw)
+            status = _status_at(offset, device)
+            ddtree_op.mla_tree_verify(vb.q, vb.kv_cache, **kw, max_draft_len=case.max_draft_len,
+                                      backend=backend if device == "cuda" else "auto", status=status)
+            results.append(status.cpu())
+        assert torch.equal(results[0], results[1]), (case.name, results[0].tolist(), results[1].tolist())
+
+
+def _sm90_only():
+    return pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                              reason="needs an sm_90 GPU")
+
+
+@needs_cuda
+@_sm90_only()
+@pytest.mark.parametrize("schedule", ["split", "persistent"])
+def test_both_sm90_kernels_publish_the_status(schedule):
+    """Each sm90 instantiation publishes (its first CTA), also where that CTA attends nothing
+    (a batch without draft rows: the split kernel's padding block, the persistent CTA without
+    segments); then a clean preparation's status is clean."""
+    import ddtree_op
+    from ddtree_op.backends.sm90.attention import tree_attention_sm90
+
+    no_rows = Case("no_draft_rows", _set("kv_indices", 2, 10**6), "kv_slot", batch=dict(drafts=[0, 0, 0], pad_rows=3))
+    for case in CASES + [no_rows]:
+        want = ddtree_op.new_status()
+        _prepare_case(case, "cpu", want)
+        for clean in (False, True):
+            status = _status_at(1, "cuda")
+            run = Case("valid", lambda vb, kw: None, "", batch=case.batch, layout=case.layout) if clean else case
+            vb, (vi, vx, mw, qo) = _prepare_case(run, "cuda", status, publish_status=False)
+            out = torch.empty(vb.q.shape[0], vb.q.shape[1], 512, dtype=vb.q.dtype, device="cuda")
+            lse = torch.empty(vb.q.shape[0], vb.q.shape[1], device="cuda")
+            tree_attention_sm90(vb.q, vb.kv_cache.view(-1, 576), qo, vi, vx, mw, vb.sm_scale, out, lse, schedule=schedule,
+                                status=status)
+            got = status.cpu()
+            if clean:
+                assert ddtree_op.decode_status(got) == [] and not got[ddtree_op.status.WORKSPACE:].any(), case.name
+            else:
+                assert torch.equal(got, want), (case.name, schedule, got.tolist(), want.tolist())
+
+
+@needs_cuda
+@pytest.mark.parametrize("backend", _gpu_backends())
+def test_paged_status_in_replayed_cuda_graph(backend):
+    """The paged entry point captured: a replay with a page id out of range sets the status (the
+    attention launch publishes it), the next replay with the table repaired clears it."""
+    import ddtree_op
+    from gpu_cases import capture
+    from ddtree_op.synthetic_paged import make_paged_batch
+
+    pb = make_paged_batch([100, 30, 7], [6, 4, 2], 2, page_size=16, seed=5, pad_rows=2, device="cuda")
+    kw = pb.kwargs()
+    status = ddtree_op.new_status("cuda")
+    out = torch.empty(pb.q.shape[0], pb.q.shape[1], 512, dtype=pb.q.dtype, device="cuda")
+    lse = torch.empty(pb.q.shape[0], pb.q.shape[1], device="cuda")
+    graph, _ = capture(lambda: ddtree_op.mla_tree_verify_paged(pb.q, pb.kv_cache, **kw, out=out, lse=lse, backend=backend,
+                                                               status=status))
+    good = kw["block_table"].clone()
+    for _ in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert decode(status) == []
+        want = ddtree_op.new_status()
+        kw["block_table"][0, 2] = pb.kv_cache.shape[0]
+        cpu_kw = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}
+        ddtree_op.mla_tree_verify_paged(pb.q.cpu(), pb.kv_cache.cpu(), **cpu_kw, status=want)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert decode(want) and torch.equal(status.cpu(), want), (status.tolist(), want.tolist())
+        kw["block_table"].copy_(good)
 
 
 def test_triton_kernel_reads_no_slot_minus_one_in_the_interpreter():
@@ -403,14 +563,19 @@ def _interpret_triton() -> None:
         kv = vb.kv_cache.half()
         rows = q.shape[0]
         words = mask_words_per_row(kw["tree_mask"], case.layout, rows, None)
-        vi, vx, mw, qo = ops.prepare_verify(kw["qo_indptr"], kw["kv_indptr"], kw["kv_indices"], kw["out_cache_loc"],
-                                            kw["tree_mask"], kw["mask_indptr"], case.layout, rows, words, kv.shape[0], 0,
-                                            ddtree_op.new_status())
+        prepare = (kw["qo_indptr"], kw["kv_indptr"], kw["kv_indices"], kw["out_cache_loc"], kw["tree_mask"], kw["mask_indptr"],
+                   case.layout, rows, words, kv.shape[0], 0)
+        want_status = ddtree_op.new_status()
+        vi, vx, mw, qo = ops.prepare_verify(*prepare, want_status)
         ref_out, ref_lse = ops.tree_attention(q, kv, qo, vi, vx, mw, vb.sm_scale)
-        for splits in (1, 3):
+        for splits, offset in ((1, 0), (3, 1)):
+            status = _status_at(offset)  # the kernel's last program publishes what the preparation left
+            ops.prepare_verify(*prepare, status, publish_status=False)
             out = torch.full_like(ref_out, float("nan"))
             lse = torch.full_like(ref_lse, float("nan"))
-            tree_attention_triton(q, kv, qo, vi, vx, mw, vb.sm_scale, out, lse, block_m=16, block_n=16, num_splits=splits)
+            tree_attention_triton(q, kv, qo, vi, vx, mw, vb.sm_scale, out, lse, block_m=16, block_n=16, num_splits=splits,
+                                  status=status)
+            assert torch.equal(status, want_status), (name, status.tolist(), want_status.tolist())
             assert not out.isnan().any() and not lse.isnan().any(), name
             assert torch.allclose(out.float(), ref_out.float(), atol=2e-3), name
             assert torch.equal(lse.isinf(), ref_lse.isinf()), name

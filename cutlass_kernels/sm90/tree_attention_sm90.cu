@@ -68,7 +68,7 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
                          const at::Tensor& verify_indptr, const at::Tensor& verify_indices,
                          const at::Tensor& mask_words, double sm_scale, at::Tensor& out, at::Tensor& lse,
                          at::Tensor& part_out, at::Tensor& part_lse, int64_t num_splits,
-                         int64_t persistent_ctas, const at::Tensor& plan) {
+                         int64_t persistent_ctas, const at::Tensor& plan, const c10::optional<at::Tensor>& status) {
   const c10::cuda::CUDAGuard guard(q.device());
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1, "ddtree_op: 'q' must be [T, H, 576], last dim contiguous");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, "ddtree_op: 'q' must be bf16 or fp16");
@@ -102,7 +102,13 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
                   plan.numel() == ddtree::plan_numel(tokens, heads, batch),
               "ddtree_op: argument 'plan' must be a contiguous int64 tensor of ", ddtree::plan_numel(tokens, heads, batch),
               " entries on the device of q (ddtree::prepare_verify or ddtree_cuda::verify_plan)");
-  if (tokens == 0) return;
+  // The status of the preparation before this launch, which took no ticket (../status.cuh).
+  TORCH_CHECK(!status.has_value() || (status->is_cuda() && status->device() == q.device() && status->scalar_type() == at::kInt &&
+                                      status->is_contiguous() && status->numel() >= ddtree::kStatusSize),
+              "ddtree_op: argument 'status' must be a contiguous int32 tensor of 48 entries on the device of q "
+              "(ddtree_op.new_status)");
+  static_assert(ddtree::kStatusSize == 48, "the message above says 48");
+  if (tokens == 0) return;  // nothing launched: the caller publishes the status
 
   VerifyParams params{};
   params.q = q.data_ptr();
@@ -130,6 +136,7 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
   params.num_splits = static_cast<int>(num_splits);
   params.plan = plan.data_ptr<int64_t>();
   params.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
+  params.status = ddtree::make_status_view(status.has_value() ? status->data_ptr<int32_t>() : nullptr, false);
 
 
   const int row_blocks = static_cast<int>((tokens * heads + 63) / 64);
@@ -150,7 +157,7 @@ TORCH_LIBRARY(ddtree_sm90, m) {
   m.def(
       "tree_attention(Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor verify_indptr, Tensor verify_indices,"
       " Tensor mask_words, float sm_scale, Tensor(a!) out, Tensor(b!) lse, Tensor(c!) part_out,"
-      " Tensor(d!) part_lse, int num_splits, int persistent_ctas, Tensor plan) -> ()");
+      " Tensor(d!) part_lse, int num_splits, int persistent_ctas, Tensor plan, Tensor(e!)? status=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ddtree_sm90, CUDA, m) { m.impl("tree_attention", &tree_attention_sm90); }

@@ -13,6 +13,9 @@
 //   a range of its keys).
 // Which request a row block belongs to, and each CTA's segments, come from the plan that the
 // preparation made once for the batch (persistent_plan.cuh).
+// With a status, the first CTA publishes what the preparation before it recorded (status.cuh):
+// one GEMM thread, after it has issued its q copies, while it would wait for them and for the
+// first keys anyway; where that CTA has no keys to attend, before it returns.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -21,6 +24,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "../index_view.cuh"
+#include "../status.cuh"
 #include "epilogue.cuh"
 #include "gather.cuh"
 #include "mainloop.cuh"
@@ -52,7 +56,16 @@ struct VerifyParams {
   // Persistent kernel (grid = CTAs): part_out is [2 * CTAs, 64, 512] and part_lse [2 * CTAs, 64],
   // num_splits the pieces schedule's splits per row block (persistent_plan.cuh).
   float scale_log2;  // sm_scale * log2(e)
+  StatusView status;  // data nullptr: no status to publish
 };
+
+// Whether this thread publishes the status: the last GEMM thread of the first CTA, whose warp is
+// otherwise idle until the q tile and the first keys arrive. Read from the parameters and the
+// thread's indices where it is asked, so that nothing is held across the segment loop.
+template <class Traits>
+__device__ __forceinline__ bool publishes_status(const VerifyParams& p) {
+  return p.status.data != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == Traits::kMmaThreads - 1;
+}
 
 // With kOpaque, a copy of v that the compiler cannot see through: values derived from it are not
 // hoisted out of the persistent kernel's segment loop and held live across it (that spills).
@@ -159,7 +172,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     for (int64_t r = padding_begin + int64_t(block) * kRows; r < int64_t(p.num_tokens) * p.heads; r += int64_t(ctas) * kRows) {
       zero_padding_block(r);
     }
-    if (!plan_segment(cta_plan, block, 0, seg)) return;
+    if (!plan_segment(cta_plan, block, 0, seg)) {
+      if (publishes_status<Traits>(p)) publish_status(p.status);
+      return;
+    }
   } else {
     // The row block's entry is loaded with the header (one round trip); the grid has one block
     // more than the plan has entries.
@@ -169,6 +185,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     const int row_blocks = planned_row_blocks(schedule, p.heads);
     if (block >= row_blocks) {  // padding rows (split 0 only)
       if (split == 0) zero_padding_block(p.qo_indptr[p.batch] * p.heads + int64_t(block - row_blocks) * kRows);
+      if (publishes_status<Traits>(p)) publish_status(p.status);
       return;
     }
   }
@@ -252,6 +269,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       const Element* q_src = static_cast<const Element*>(p.q) + (g.q_lo + (q_valid ? q_row / p.heads : 0)) * p.q_stride_token +
                              (q_valid ? q_row % p.heads : 0) * p.q_stride_head;
       gather_q<Traits>(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), q_src, q_valid, tid, &st.q_full);
+    }
+    if (segment == 0 && publishes_status<Traits>(p)) publish_status(p.status);
+    if (num_pairs > 0) {
       Barrier::wait(&st.q_full, q_loads & 1);
       ++q_loads;
     }

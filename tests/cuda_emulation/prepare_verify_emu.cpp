@@ -1,7 +1,9 @@
 // The fused preparation kernel (cutlass_kernels/verify_prep.cu: its host side and kernel body, over
 // CPU tensors) built for the host against the real headers, launched through cuda_shim.h. Batches
 // above kSharedBatch run the unstaged pass first, as on the GPU; `force_unstaged` takes that path
-// for any batch, so that both paths can be compared on the same inputs.
+// for any batch, so that both paths can be compared on the same inputs. `last_block_publishes`:
+// the preparation op alone (the ticket); else the verify step's way: the preparation takes no
+// ticket and one thread of a launch after it publishes (the attention kernels' publish_status).
 #include "cuda_shim.h"
 #include <torch/extension.h>
 #include "tree_mask.cuh"
@@ -12,7 +14,8 @@
 std::vector<at::Tensor> prepare_verify_emu(at::Tensor qo_indptr, at::Tensor kv_indptr, at::Tensor kv_indices,
                                            at::Tensor out_cache_loc, at::Tensor tree_mask, c10::optional<at::Tensor> mask_indptr,
                                            std::string layout_s, int64_t num_rows, int64_t words_per_row, int64_t num_slots,
-                                           int64_t max_draft_len, c10::optional<at::Tensor> status, bool force_unstaged) {
+                                           int64_t max_draft_len, c10::optional<at::Tensor> status, bool force_unstaged,
+                                           int64_t positions_per_thread, bool last_block_publishes) {
   constexpr int kThreads = 256;
   c10::string_view layout(layout_s);
   const int batch = static_cast<int>(qo_indptr.numel() - 1);
@@ -26,16 +29,17 @@ std::vector<at::Tensor> prepare_verify_emu(at::Tensor qo_indptr, at::Tensor kv_i
   at::Tensor words = at::empty({num_rows, words_per_row}, qo_indptr.options().dtype(at::kLong));
   const bool has_mi = mask_indptr.has_value();
   TreeMaskArgs mask{static_cast<const uint8_t*>(tree_mask.data_ptr()), tree_mask.numel(), static_cast<int>(tree_mask.element_size()),
-                    has_mi ? view_of(*mask_indptr) : view_of(qo_indptr), has_mi, nullptr, batch, kind,
+                    has_mi, nullptr, batch, kind,
                     num_rows, static_cast<int>(words_per_row), words.data_ptr<int64_t>()};
   const int packed_width = packed_mask_width(tree_mask, layout);
   const auto reads = packed_width == 0 ? mask_indptr : c10::optional<at::Tensor>();
   const ddtree::BatchLimits limits = ddtree::make_batch_limits(qo_indptr, kv_indptr, reads, num_rows, out_cache_loc.numel(),
                                                                kv_indices.numel(), 64 * words_per_row, max_draft_len, packed_width);
-  const ddtree::StatusView sv = ddtree::make_status_view(status.has_value() ? status->data_ptr<int32_t>() : nullptr);
-  const ddtree::StatusInputs inputs{view_of(qo_indptr), view_of(kv_indptr), view_of(kv_indices), view_of(out_cache_loc),
-                                    limits.mask_indptr, limits.has_mask_indptr, tree_mask.numel()};
-  const int64_t index_blocks = (index.num_threads() + kThreads - 1) / kThreads;
+  const ddtree::StatusView sv =
+      ddtree::make_status_view(status.has_value() ? status->data_ptr<int32_t>() : nullptr, last_block_publishes);
+  // The GPU's choice depends on its size: both widths are emulated, as the caller asks.
+  TORCH_CHECK(positions_per_thread == 1 || positions_per_thread == kWidePositions, "positions_per_thread: 1 or kWidePositions");
+  const int64_t index_blocks = index.num_blocks(kThreads, static_cast<int>(positions_per_thread));
   const int64_t mask_blocks = (mask.num_words() * 32 + kThreads - 1) / kThreads;
   const int ib = static_cast<int>(index_blocks);
   const int grid = static_cast<int>(index_blocks + mask_blocks);
@@ -46,12 +50,14 @@ std::vector<at::Tensor> prepare_verify_emu(at::Tensor qo_indptr, at::Tensor kv_i
       ddtree::StatusRecorder rec(sv);
       const auto b = sanitized(rec, block);
       if (block < ib) {
-        build_verify_index(index, b, rec, static_cast<int64_t>(block) * blockDim.x + threadIdx.x);
+        const int64_t first = static_cast<int64_t>(block) * blockDim.x * positions_per_thread + threadIdx.x;
+        if (positions_per_thread == 1) build_verify_indices<1>(index, b, rec, first, blockDim.x);
+        else build_verify_indices<kWidePositions>(index, b, rec, first, blockDim.x);
       } else {
         const int64_t thread = static_cast<int64_t>(block - ib) * blockDim.x + threadIdx.x;
         convert_tree_mask_word(mask, b, rec, thread / 32, threadIdx.x % 32);
       }
-      ddtree::finish_status(rec, inputs);
+      ddtree::finish_status(rec);
     });
   };
   if (batch <= ddtree::kSharedBatch && !force_unstaged) {
@@ -68,6 +74,9 @@ std::vector<at::Tensor> prepare_verify_emu(at::Tensor qo_indptr, at::Tensor kv_i
     });
     mask.qlen_start = starts_ptr;
     launch_prepare([&](ddtree::StatusRecorder&, int) { return ddtree::sanitized_from(limits, &bounds); });
+  }
+  if (sv.data != nullptr && !last_block_publishes) {
+    emu_launch(1, 1, [&] { ddtree::publish_status(sv); });  // the attention launch's publishing thread
   }
   return {verify_indptr, verify_indices, words, qo_out};
 }

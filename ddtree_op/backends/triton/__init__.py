@@ -10,8 +10,8 @@ from __future__ import annotations
 
 
 def run(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, kv_scale=None,
-        kv_scale_value=1.0) -> None:
+        kv_scale_value=1.0, status=None) -> None:
     from .attention import tree_attention_triton
 
     tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse,
-                          kv_scale=kv_scale, kv_scale_value=kv_scale_value)
+                          kv_scale=kv_scale, kv_scale_value=kv_scale_value, status=status)

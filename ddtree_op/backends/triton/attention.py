@@ -9,6 +9,10 @@ partials by LSE.
 
 Grid, workspace and launch depend on tensor shapes only: each program finds its request from
 qo_indptr on the device, so the launch replays under CUDA graphs with new lengths.
+
+With a status, the last program of split 0 (always one past the requests' row blocks: it has at
+most padding rows to write) publishes what the preparation before the launch left in the
+status's keys (cutlass_kernels/status.cuh).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ...contract import KEY_TILE, LATENT_DIM, ROPE_DIM, ROWS_PER_BLOCK
+from ...status import NUM_FAULTS, key_word
 from ..lse_merge import combine_splits
 from ..splits import sm_count
 from .schedule import num_kv_splits
@@ -70,6 +75,32 @@ def _attend_tile(
 
 
 @triton.jit
+def _publish_status(status_ptr, key_word, NUM_KINDS: tl.constexpr):
+    """status[0:16) from the keys at word `key_word` (~(position << 32 | uint32(value)) per kind,
+    0: none), then the keys and the ticket cleared (cutlass_kernels/status.cuh, publish_status)."""
+    LANES: tl.constexpr = 16
+    k = tl.arange(0, LANES)
+    kind_ok = k < NUM_KINDS
+    low = tl.load(status_ptr + key_word + 2 * k, mask=kind_ok, other=0)
+    high = tl.load(status_ptr + key_word + 2 * k + 1, mask=kind_ok, other=0)
+    present = high != 0
+    positions = tl.where(present, high ^ -1, -1)
+    values = low ^ -1
+    bits = tl.sum(present.to(tl.int32) << k, 0)
+    kind = tl.min(tl.where(present, k, LANES), 0)
+    found = kind < LANES
+    position = tl.sum(tl.where(k == kind, positions, 0), 0)
+    value = tl.sum(tl.where(k == kind, values, 0), 0)
+    head = tl.where(k == 0, bits, tl.where(k == 1, tl.where(found, kind, -1), tl.where(k == 2, tl.where(found, position, -1),
+                                                                                        value)))
+    tl.store(status_ptr + k, head, mask=k < 4)
+    tl.store(status_ptr + 4 + k, positions, mask=kind_ok)
+    tl.debug_barrier()  # every thread has read the keys before any clears them
+    tl.store(status_ptr + key_word + 2 * k, tl.zeros([LANES], tl.int32), mask=k <= NUM_KINDS)
+    tl.store(status_ptr + key_word + 2 * k + 1, tl.zeros([LANES], tl.int32), mask=k <= NUM_KINDS)
+
+
+@triton.jit
 def _tree_attention_kernel(
     q_ptr, stride_qt, stride_qh,
     kv_ptr, stride_kv,
@@ -78,9 +109,10 @@ def _tree_attention_kernel(
     out_ptr, stride_ot, stride_oh,
     lse_ptr, stride_lt, stride_lh,
     part_out_ptr, part_lse_ptr,
-    num_tokens, batch, scale_log2, kv_scale_ptr, kv_scale_value,
+    num_tokens, batch, scale_log2, kv_scale_ptr, kv_scale_value, status_ptr, status_key_word,
     HEADS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BATCH_POW2: tl.constexpr, NUM_SPLITS: tl.constexpr, DV_PARTS: tl.constexpr, SCALE_FROM_PTR: tl.constexpr,
+    HAS_STATUS: tl.constexpr, STATUS_KINDS: tl.constexpr,
 ):
     DV: tl.constexpr = D_LATENT // DV_PARTS
     # The per-tensor KV scale s (value = stored * s) is exact to apply outside the dots: scores
@@ -94,6 +126,9 @@ def _tree_attention_kernel(
     pid_split = tl.program_id(1) // DV_PARTS
     pid_dv = tl.program_id(1) % DV_PARTS
     dv0 = pid_dv * DV
+    if HAS_STATUS:
+        if (pid_block == tl.num_programs(0) - 1) & (tl.program_id(1) == 0):
+            _publish_status(status_ptr, status_key_word, STATUS_KINDS)
 
     # Device-side schedule: request b owns ceil(n_b * H / BLOCK_M) consecutive row blocks.
     req = tl.arange(0, BATCH_POW2)
@@ -173,9 +208,11 @@ DV_PARTS = 1
 
 def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse,
                           block_m=BLOCK_M, block_n=BLOCK_N, num_warps=NUM_WARPS, num_stages=NUM_STAGES, num_splits=None,
-                          dv_parts=DV_PARTS, kv_scale=None, kv_scale_value=1.0):
+                          dv_parts=DV_PARTS, kv_scale=None, kv_scale_value=1.0, status=None):
     """kv_cache may be float8_e4m3fn (rows widened to q's dtype in registers); its scale is the
-    float32 tensor kv_scale (one element, read on the device) or else the float kv_scale_value."""
+    float32 tensor kv_scale (one element, read on the device) or else the float kv_scale_value.
+    status: published by the launch (what prepare_verify with publish_status=False left in it),
+    where q has rows; with none nothing is launched and the caller publishes."""
     num_tokens, heads = q.shape[0], q.shape[1]
     batch = qo_indptr.numel() - 1
     if num_tokens == 0:
@@ -198,9 +235,10 @@ def tree_attention_triton(q, kv_cache, qo_indptr, verify_indptr, verify_indices,
         lse, lse.stride(0), lse.stride(1),
         part_out, part_lse,
         num_tokens, batch, sm_scale * LOG2E, lse if kv_scale is None else kv_scale, float(kv_scale_value),
+        qo_indptr if status is None else status, 0 if status is None else key_word(status),
         HEADS=heads, BLOCK_M=block_m, BLOCK_N=block_n,
         BATCH_POW2=triton.next_power_of_2(max(batch, 1)), NUM_SPLITS=num_splits, DV_PARTS=dv_parts,
-        SCALE_FROM_PTR=kv_scale is not None,
+        SCALE_FROM_PTR=kv_scale is not None, HAS_STATUS=status is not None, STATUS_KINDS=NUM_FAULTS,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
