@@ -10,8 +10,8 @@ drafts, prefixes of 0-39 tokens; 1023 is the largest staged batch, above it a on
 first), without and with `status=`, and without the schedule plan (its blocks grow with the
 batch: that is the status's cost alone); no cases are then timed unless named.
 
-Same timing as bench/verify.py (graphs of up to 8 calls on rotating input sets, median of 15
-groups). The sanitizing itself is always on; its cost is the step here against the step of a run
+Same timing as bench/verify.py (graphs of up to 8 calls on rotating input sets, median of 15 groups,
+the columns of a case in turns). The sanitizing itself is always on; its cost is the step here against the step of a run
 before it (bench/results, same machine), or of an older checkout put first on PYTHONPATH.
 """
 
@@ -21,7 +21,7 @@ import argparse
 
 import ddtree_op
 from bench.cases import all_cases
-from bench.verify import Inputs, input_set_count, time_graph
+from bench.verify import Inputs, input_set_count, time_graphs
 from ddtree_op import ops
 
 
@@ -47,8 +47,9 @@ def time_large_batches(batches):
             return lambda: ops.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask,
                                               vb.mask_indptr, "full", rows, 1, vb.kv_cache.shape[0], 0, st)
 
-        plain = time_graph([launch(vb, rows, None) for vb, rows in sets])
-        with_status = time_graph([launch(vb, rows, status) for vb, rows in sets])
+        t = time_graphs({"plain": [launch(vb, rows, None) for vb, rows in sets],
+                         "status": [launch(vb, rows, status) for vb, rows in sets]})
+        plain, with_status = t["plain"], t["status"]
         ddtree_op.raise_on_status(status)
         print(f"{batch:10d} {plain * 1e6:9.2f} {with_status * 1e6:9.2f}", flush=True)
 
@@ -71,12 +72,15 @@ def main(argv=None):
             continue
         inputs = [Inputs(case, seed) for seed in range(input_set_count(case))]
         status = ddtree_op.new_status("cuda")
-        prep = time_graph([i.prepare() for i in inputs])  # as the step runs it (plan included)
         step_way = "publish_status" in str(ops.prepare_verify._schema)  # else an older checkout: the op alone
-        prep_status = time_graph([i.prepare(status, publish_status=not step_way) for i in inputs])
-        prep_alone = time_graph([i.prepare(status) for i in inputs])
-        step = time_graph([_step(i, args.backend, None) for i in inputs])
-        step_status = time_graph([_step(i, args.backend, status) for i in inputs])
+        t = time_graphs({  # in turns, so that the clocks' drift during a long case weighs on each alike
+            "prep": [i.prepare() for i in inputs],  # as the step runs it (plan included)
+            "prep_status": [i.prepare(status, publish_status=not step_way) for i in inputs],
+            "prep_alone": [i.prepare(status) for i in inputs],
+            "step": [_step(i, args.backend, None) for i in inputs],
+            "step_status": [_step(i, args.backend, status) for i in inputs],
+        })
+        prep, prep_status, prep_alone, step, step_status = (t[k] for k in ("prep", "prep_status", "prep_alone", "step", "step_status"))
         ddtree_op.raise_on_status(status)  # the benchmark's inputs are valid
         ratios.append(step_status / step)
         print(f"{case.name:28s} {prep * 1e6:8.2f} {prep_status * 1e6:8.2f} {prep_alone * 1e6:8.2f} {step * 1e6:9.2f} "
