@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# What a landing needs from the GPU, in one device call: the GPU tests (TESTS, default: the GPU
+# test files; bench.parallel_tests, TEST_S seconds), then the whole step against FlashMLA on the
+# grid (bench.verify, with the preparation), the status's cost (bench/time_status.py) and the
+# preparation against an older tree in .snap/old (bench.time_prepare, e.g. 8e904e0, the last
+# before the bounds checks: bench/snapshot_trees.sh old=8e904e0).
+#   run(command="bash bench/device_landing.sh", carry=[".whl", ".snap"])
+# Writes $OUT/landing.tgz: gpu_tests.log, grid_step.json, status_cost_grid.log, prep_main.log,
+# prep_old.log, build logs, the tests' logs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD R=/tmp/landing; mkdir -p $R
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
+export PYTHONUNBUFFERED=1 DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
+build='import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")'
+(PYTHONPATH=/tmp/site:$root DDTREE_CACHE_DIR=/tmp/ddc timeout 200 python3 -c "$build" > $R/build.log 2>&1) &
+if [ -d .snap/old ]; then
+  [ -f .snap/old/bench/time_prepare.py ] || cp bench/time_prepare.py .snap/old/bench/
+  (cd .snap/old && PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc_old timeout 200 python3 -c 'import ddtree_op.build as b; b.load_library("prep")' \
+    > $R/build_old.log 2>&1) &
+fi
+wait
+grep -v DEBUG $R/build.log | tail -n 2; echo "built at $SECONDS s"
+export PYTHONPATH=/tmp/site:$root DDTREE_CACHE_DIR=/tmp/ddc
+tests=${TESTS:-tests/test_bounds_safety.py tests/test_bounds_args.py tests/test_paged.py tests/test_gpu_prep.py tests/test_gpu_graphs.py \
+  tests/test_gpu_sm90.py tests/test_gpu_persistent.py tests/test_gpu_backends.py tests/test_opcheck.py tests/test_compile.py \
+  tests/test_gpu_attention.py tests/test_fp8.py}
+python3 -m bench.parallel_tests --processes ${PROCESSES:-12} --timeout ${TEST_S:-200} --log-dir /tmp/tests $tests > $R/gpu_tests.log 2>&1
+echo "tests rc $? at $SECONDS s"; tail -n 3 $R/gpu_tests.log
+timeout 150 python3 -m bench.verify --cases grid --backends sm90,flashmla --out /tmp/r_step 2>&1 | grep -E "^NVIDIA|wrote"
+cp /tmp/r_step/results.json $R/grid_step.json 2>/dev/null; echo "step grid at $SECONDS s"
+names=$(python3 -c "from bench.cases import grid_cases; print(','.join(c.name for c in grid_cases()))")
+timeout 150 python3 bench/time_status.py "$names" --backend sm90 > $R/status_cost_grid.log 2>&1; tail -n 1 $R/status_cost_grid.log
+timeout 60 python3 -m bench.time_prepare grid > $R/prep_main.log 2>&1; tail -n 1 $R/prep_main.log
+if [ -d .snap/old ]; then
+  (cd .snap/old && PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc_old timeout 60 python3 -m bench.time_prepare grid > $R/prep_old.log 2>&1)
+  tail -n 1 $R/prep_old.log
+fi
+echo "done at $SECONDS s"
+[ -d /tmp/tests ] && tar czf $R/test_logs.tgz -C /tmp tests
+tar czf $OUT/landing.tgz -C $R .
