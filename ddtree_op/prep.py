@@ -20,7 +20,8 @@ import torch
 from .contract import (CUT_COST_UNITS, MASK_LAYOUTS, PACKED_MASK_BITS, PLAN_BLOCK, PLAN_CTAS, PLAN_EQUAL_SHARES,
                        PLAN_FIELDS, PLAN_FIRST_ITEM, PLAN_HEADER, PLAN_HEADS, PLAN_ITEMS, PLAN_REQUEST, PLAN_ROW_BLOCKS,
                        PLAN_SPLITS, PLAN_UNITS, PLAN_USED, ROWS_PER_BLOCK, UNIT_KEYS, plan_capacity)
-from .status import FAULTS, NUM_FAULTS, POSITIONS, write_keys
+from . import status as status_layout
+from .status import FAULTS, write_keys
 
 # Signed dtype of the same width, so the raw bits can be read with ops every backend has.
 _SIGNED_VIEW = {torch.uint16: torch.int16, torch.uint32: torch.int32}
@@ -274,8 +275,9 @@ def verify_plan(qo_indptr: torch.Tensor, verify_indptr: torch.Tensor, num_rows: 
 
 def _write_status(status, faults: dict, values: dict, publish: bool = True) -> None:
     """The status from per-kind (flags, positions) and the raw values per kind, as a tensor program
-    (no host reads): published (status[:WORKSPACE], the layout of status.py), or with `publish`
-    False left as the keys that the attention op then publishes (status.write_keys)."""
+    (no host reads): the keys (status.write_keys), then, with `publish`, status[:WORKSPACE] from
+    them (status.publish, as the CUDA launch that publishes does); without it the attention op
+    that follows publishes."""
     device = status.device
     big = CLAMP_HIGH
     firsts = []
@@ -288,19 +290,9 @@ def _write_status(status, faults: dict, values: dict, publish: bool = True) -> N
     first = torch.stack(firsts)  # [K]
     present = first < big
     value_per_kind = torch.stack([values[name](first[k]) for k, (name, _, _) in enumerate(FAULTS)])
-    value_per_kind = value_per_kind.clamp(-(2**31), 2**31 - 1)
-    if not publish:
-        write_keys(status, present, first, value_per_kind)
-        return
-    bits = (present.long() << torch.arange(NUM_FAULTS, device=device)).sum()
-    kind = torch.where(present, torch.arange(NUM_FAULTS, device=device), torch.full_like(first, NUM_FAULTS)).min()
-    found = kind < NUM_FAULTS
-    kind_safe = kind.clamp(max=NUM_FAULTS - 1)
-    position = first[kind_safe]
-    value = value_per_kind[kind_safe]
-    head = torch.stack([bits, torch.where(found, kind, -1), torch.where(found, position, -1), torch.where(found, value, 0)])
-    status[:POSITIONS].copy_(head.to(torch.int32))
-    status[POSITIONS:POSITIONS + NUM_FAULTS].copy_(torch.where(present, first, -1).to(torch.int32))
+    write_keys(status, present, first, value_per_kind)  # which saturates the values to int32
+    if publish:
+        status_layout.publish(status)
 
 
 def _raw_at(values: torch.Tensor):
