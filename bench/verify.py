@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from bench.cases import Case, all_cases, grid_cases, ragged_cases, serving_cases
+from bench.cases import Case, all_cases, grid_cases, ragged_cases, ragged_pair_cases, serving_cases
 from bench.report import PREP_OP_PREFIXES, PREP_PREFIXES, write_report
 from ddtree_op import mla_tree_verify, ops
 from ddtree_op.api import new_plan
@@ -357,7 +357,7 @@ def git_commit() -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default="all", choices=["all", "grid", "ragged", "serving"])
+    parser.add_argument("--cases", default="all", choices=["all", "grid", "ragged", "ragged_pairs", "serving"])
     parser.add_argument("--backends", default="triton,sglang_baseline", help="comma list: sm90,triton,sglang_baseline,flashmla (FlashMLA's dense decode, where flash_mla imports), "
                         "paged:BACKEND (the attention alone over 64-row pages), paged_step:BACKEND (the whole paged step), "
                         "sglang_extend (SGLang's own Triton extend kernel, where sglang imports)")
@@ -369,7 +369,8 @@ def main(argv=None):
     parser.add_argument("--out", default=None, help="output directory (default bench/results/<date>_<gpu>_<commit>)")
     args = parser.parse_args(argv)
 
-    cases = {"all": all_cases, "grid": grid_cases, "ragged": ragged_cases, "serving": serving_cases}[args.cases]()
+    cases = {"all": all_cases, "grid": grid_cases, "ragged": ragged_cases, "ragged_pairs": ragged_pair_cases,
+             "serving": serving_cases}[args.cases]()
     if args.filter:
         cases = [c for c in cases if args.filter in c.name]
     backends = [b for b in args.backends.split(",") if b]
