@@ -69,6 +69,12 @@ def ragged_cases() -> list[Case]:
     ]
 
 
+def ragged_pair_cases() -> list[Case]:
+    """Each ragged case beside the uniform grid case of the same total work (issue 14's 10%)."""
+    uniform = {c.name: c for c in grid_cases()}
+    return [case for r in ragged_cases() for case in (uniform[r.name[: -len("_ragged")]], r)]
+
+
 def serving_cases() -> list[Case]:
     """DeepSeek-V3 serving points: TP8 (16 heads) and a 128-head shard; chain and trees."""
     out = []

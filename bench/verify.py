@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from bench.cases import Case, all_cases, grid_cases, ragged_cases, serving_cases
+from bench.cases import Case, all_cases, grid_cases, ragged_cases, ragged_pair_cases, serving_cases
 from bench.report import PREP_OP_PREFIXES, PREP_PREFIXES, write_report
 from ddtree_op import mla_tree_verify, ops
 from ddtree_op.api import new_plan
@@ -163,6 +163,24 @@ class Inputs:
         return lambda: mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=self.out, lse=self.lse, backend=backend,
                                        max_draft_len=self.max_draft)
 
+    def plain_step(self, backend: str):
+        """The whole step with its kernels launched one after another (DDTREE_PDL=0 while it is
+        captured), beside the step whose kernels overlap their neighbours' tails."""
+        step = self.whole_step(backend)
+
+        def launch():
+            saved = os.environ.get("DDTREE_PDL")
+            os.environ["DDTREE_PDL"] = "0"
+            try:
+                step()
+            finally:
+                if saved is None:
+                    del os.environ["DDTREE_PDL"]
+                else:
+                    os.environ["DDTREE_PDL"] = saved
+
+        return launch
+
     def index_build(self):
         vb = self.vb
         return lambda: ops.build_verify_indices(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc)
@@ -270,7 +288,8 @@ def input_set_count(case: Case) -> int:
     return max(1, min(8, math.ceil(3 * L2_BYTES / case.bytes())))
 
 
-def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: dict, with_prep: bool) -> dict:
+def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: dict, with_prep: bool,
+               plain_step: bool = False) -> dict:
     sets = input_set_count(case)
     inputs = [Inputs(case, seed) for seed in range(sets)]
     floor = case.floor_seconds(ceilings["bf16_flops"], ceilings["copy_bytes_per_s"])
@@ -299,6 +318,8 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
     if with_prep:
         for b in step_candidates:
             columns[f"step[{b}]"] = [i.whole_step(b) for i in inputs]
+            if plain_step:
+                columns[f"step_plain[{b}]"] = [i.plain_step(b) for i in inputs]
         columns["index_build"] = [i.index_build() for i in inputs]
         columns["mask_convert"] = [i.mask_convert() for i in inputs]
         columns["prepare_fused"] = [i.prepare() for i in inputs]
@@ -308,6 +329,7 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
         for b in step_candidates:
             if b != best:
                 del timings[f"step[{b}]"]
+                timings.pop(f"step_plain[{b}]", None)
     if floor * 1e6 < REFERENCE_MAX_FLOOR_US:
         timings["reference(eager)"] = time_eager(inputs[0].attention("reference"))
     for name, seconds in timings.items():
@@ -335,17 +357,20 @@ def git_commit() -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default="all", choices=["all", "grid", "ragged", "serving"])
+    parser.add_argument("--cases", default="all", choices=["all", "grid", "ragged", "ragged_pairs", "serving"])
     parser.add_argument("--backends", default="triton,sglang_baseline", help="comma list: sm90,triton,sglang_baseline,flashmla (FlashMLA's dense decode, where flash_mla imports), "
                         "paged:BACKEND (the attention alone over 64-row pages), paged_step:BACKEND (the whole paged step), "
                         "sglang_extend (SGLang's own Triton extend kernel, where sglang imports)")
     parser.add_argument("--triton-configs", default=None, help="extra Triton variants 'BM,BN,warps,stages;...'")
     parser.add_argument("--filter", default=None, help="only cases whose name contains this")
     parser.add_argument("--no-prep", action="store_true", help="skip timing index build, mask conversion, whole step")
+    parser.add_argument("--plain-step", action="store_true", help="also time each whole step with its kernels launched "
+                        "one after another (DDTREE_PDL=0), as step_plain[BACKEND]")
     parser.add_argument("--out", default=None, help="output directory (default bench/results/<date>_<gpu>_<commit>)")
     args = parser.parse_args(argv)
 
-    cases = {"all": all_cases, "grid": grid_cases, "ragged": ragged_cases, "serving": serving_cases}[args.cases]()
+    cases = {"all": all_cases, "grid": grid_cases, "ragged": ragged_cases, "ragged_pairs": ragged_pair_cases,
+             "serving": serving_cases}[args.cases]()
     if args.filter:
         cases = [c for c in cases if args.filter in c.name]
     backends = [b for b in args.backends.split(",") if b]
@@ -371,7 +396,7 @@ def main(argv=None):
     meta = {"date": date, "gpu": gpu, "commit": commit, "torch": torch.__version__, "ceilings": ceilings}
     rows = []
     for case in cases:
-        rows.append(bench_case(case, backends, triton_configs, ceilings, not args.no_prep))
+        rows.append(bench_case(case, backends, triton_configs, ceilings, not args.no_prep, args.plain_step))
         r = rows[-1]
         print(f"  {case.name}: " + ", ".join(f"{k} {v:.1f}us" for k, v in r["time_us"].items()), flush=True)
         # Written after every shape, so a run cut short still leaves its measurements.

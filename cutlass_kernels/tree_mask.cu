@@ -34,10 +34,8 @@ at::Tensor convert_tree_mask_cuda(const at::Tensor& tree_mask, const c10::option
   if (args.num_words() == 0) return words;
   TORCH_CHECK(kv_indptr.numel() >= qo_indptr.numel(), "ddtree_op: kv_indptr must have at least B+1 entries");
   const int packed_width = packed_mask_width(tree_mask, layout);
-  // The layouts that read mask_indptr stage it with the batch (the conversion reads it from there).
-  const auto reads_mask_indptr = packed_width == 0 ? mask_indptr : c10::optional<at::Tensor>();
   const ddtree::BatchLimits limits = ddtree::make_batch_limits(
-      qo_indptr, kv_indptr, reads_mask_indptr, num_rows, ddtree::kClampHigh, ddtree::kClampHigh, 64 * words_per_row, 0, packed_width);
+      qo_indptr, kv_indptr, c10::nullopt, num_rows, ddtree::kClampHigh, ddtree::kClampHigh, 64 * words_per_row, 0, packed_width);
   const int64_t blocks = (args.num_words() * 32 + kThreads - 1) / kThreads;
   TORCH_CHECK(blocks <= INT32_MAX, "ddtree_op: a compact mask of ", args.num_words(), " words needs more than 2^31 - 1 blocks");
   const auto stream = c10::cuda::getCurrentCUDAStream();

@@ -19,7 +19,8 @@ struct TreeMaskArgs {
   const uint8_t* mask;
   int64_t mask_numel;
   int packed_bytes;
-  bool has_mask_indptr;  // its values come with the sanitized batch (verify_status.cuh, mask_start)
+  IndexView mask_indptr;
+  bool has_mask_indptr;
   const int64_t* qlen_start;  // qlen without mask_indptr, unstaged batch: block starts [B] (else nullptr)
   int batch;
   MaskLayout layout;
@@ -70,11 +71,11 @@ __device__ __forceinline__ void convert_tree_mask_word(const TreeMaskArgs& a, co
         uint64_t start;  // unsigned: any offset wraps instead of overflowing, and one compare bounds it
         if (a.layout == MaskLayout::kFull) {
           const int64_t prefix_len = s.prefix_len(b);
-          start = static_cast<uint64_t>(s.mask_start(b)) + static_cast<uint64_t>(draft_row * (prefix_len + num_draft) + prefix_len + col0);
+          start = static_cast<uint64_t>(a.mask_indptr[b]) + static_cast<uint64_t>(draft_row * (prefix_len + num_draft) + prefix_len + col0);
         } else {
           uint64_t block = 0;
           if (a.has_mask_indptr) {
-            block = static_cast<uint64_t>(s.mask_start(b));
+            block = static_cast<uint64_t>(a.mask_indptr[b]);
           } else if (a.qlen_start != nullptr) {
             block = static_cast<uint64_t>(a.qlen_start[b]);
           } else {  // a staged batch: at most kSharedBatch requests, in shared memory
@@ -128,6 +129,7 @@ inline std::tuple<TreeMaskArgs, at::Tensor> make_tree_mask_args(const at::Tensor
   const TreeMaskArgs args{static_cast<const uint8_t*>(tree_mask.data_ptr()),
                           tree_mask.numel(),
                           static_cast<int>(tree_mask.element_size()),
+                          has_mask_indptr ? view_of(*mask_indptr) : view_of(qo_indptr),
                           has_mask_indptr,
                           nullptr,
                           static_cast<int>(qo_indptr.numel() - 1),

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <type_traits>
 
+#include "grid_dependency.cuh"
 #include "tree_mask.cuh"
 #include "verify_indices.cuh"
 #include "verify_plan.cuh"
@@ -35,6 +36,7 @@ template <bool kStaged, int kPositions>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) prepare_verify_kernel(ddtree::BatchLimits limits, const ddtree::IndptrBounds* bounds,
                                                                   VerifyIndexArgs index, int index_blocks, TreeMaskArgs mask,
                                                                   ddtree::StatusView view, ddtree::PlanArgs plan) {
+  ddtree::allow_dependent_grids();  // the attention launch may set up; it waits for this grid to finish
   const int block = static_cast<int>(blockIdx.x);
   ddtree::StatusRecorder status(view);
   const auto batch = [&] {

@@ -64,8 +64,7 @@ template <bool kStaged>
 struct SanitizedBatch {
   const int32_t* s_qo;  // staged: the clamped indptrs in shared memory (unused otherwise)
   const int32_t* s_kv;
-  const int64_t* s_mask;  // staged: the raw mask_indptr where the layout reads it, else zeros
-  IndexView qo, kv, mask;
+  IndexView qo, kv;
   int batch;
   int k_qo, k_kv;  // first bad entry of each indptr (batch + 1 if none)
   int first_void;  // requests b >= first_void are void (batch if none)
@@ -78,11 +77,6 @@ struct SanitizedBatch {
   __device__ __forceinline__ int64_t raw_kv(int b) const {
     if constexpr (kStaged) return s_kv[b];
     else return clamp_value(kv[b]);
-  }
-  // mask_indptr[b], raw (the mask conversion bounds what it reads); only where a.has_mask_indptr.
-  __device__ __forceinline__ int64_t mask_start(int b) const {
-    if constexpr (kStaged) return s_mask[b];
-    else return mask[b];
   }
   // Sanitized qo_indptr: monotone, within [0, min(T_pad, out_cache_loc.numel())], starts at 0.
   __device__ __forceinline__ int64_t qo_at(int b) const {
@@ -97,18 +91,16 @@ struct SanitizedBatch {
     if (b <= first_void) return (b < k_kv ? raw_kv(b) - kv0 : 0) + qo_at(b);
     return keys_at_void + qo_at(b) - qo_at(first_void);
   }
-  // The batch over a's indptrs whose first bad entries are k_qo and k_kv (staged: their copies
-  // s_qo, s_kv, s_mask in shared memory), with first_void; kv0 and keys_at_void come from derive
+  // The batch over a's indptrs whose first bad entries are k_qo and k_kv (staged: their clamped
+  // copies s_qo, s_kv in shared memory), with first_void; kv0 and keys_at_void come from derive
   // or from the unstaged pass.
   __device__ __forceinline__ static SanitizedBatch over(const BatchLimits& a, const int32_t* s_qo, const int32_t* s_kv,
-                                                         const int64_t* s_mask, int k_qo, int k_kv) {
+                                                         int k_qo, int k_kv) {
     SanitizedBatch s;
     s.s_qo = s_qo;
     s.s_kv = s_kv;
-    s.s_mask = s_mask;
     s.qo = a.qo;
     s.kv = a.kv;
-    s.mask = a.mask_indptr;
     s.batch = a.batch;
     s.k_qo = k_qo;
     s.k_kv = k_kv;
@@ -130,20 +122,18 @@ struct KeysBefore {
   __device__ __forceinline__ int64_t operator[](int64_t b) const { return s->keys_before(static_cast<int>(b)); }
 };
 
-// Entry b of the indptrs (clamped values, b - 1's too; `mask_down`: mask_indptr[b] < mask_indptr[b-1]
-// on the raw values): whether it is the first bad entry of either, folded into the thread's
-// running minimum; with `record`, its faults. The caller loads every value first: one round trip
-// on a clean batch.
+// Entry b of the indptrs (clamped values, b - 1's too): whether it is the first bad entry of
+// either, folded into the thread's running minimum; with `record`, its faults.
 __device__ __forceinline__ void check_indptr_entry(const BatchLimits& a, StatusRecorder& status, bool record, int b,
-                                                   int64_t q, int64_t q_prev, int64_t k, int64_t k_prev, bool mask_down,
-                                                   int& first_q, int& first_k) {
+                                                   int64_t q, int64_t q_prev, int64_t k, int64_t k_prev, int& first_q,
+                                                   int& first_k) {
   const int64_t max_rows = a.num_rows < a.num_draft_slots ? a.num_rows : a.num_draft_slots;
   const int64_t drafts = q - q_prev;
   const bool q_bad = (b == 0 ? q != 0 : q < q_prev) || q > max_rows || (b > 0 && drafts > a.draft_cap);
   const bool k_bad = (b == 0 ? k < 0 : k < k_prev) || k > a.num_prefix;
   if (q_bad && b < first_q) first_q = b;
   if (k_bad && b < first_k) first_k = b;
-  if (record) {  // the raw values are loaded again on a fault's path only (from L1: just read)
+  if (record) {  // qo and kv raw values are loaded again on a fault's path only (from L1: just read)
     if (b == 0 && q != 0) status.record(kQoStart, 0, a.qo[0]);
     if (b > 0 && q < q_prev) status.record(kQoOrder, b, a.qo[b]);
     if (b > 0 && k < k_prev) status.record(kKvOrder, b, a.kv[b]);
@@ -153,18 +143,18 @@ __device__ __forceinline__ void check_indptr_entry(const BatchLimits& a, StatusR
     if (b > 0 && a.packed_width > 0 && drafts > a.packed_width) status.record(kMaskWidth, b - 1, a.qo[b] - a.qo[b - 1]);
     if (b > 0 && ((a.max_draft_len > 0 && drafts > a.max_draft_len) || drafts > a.draft_cap))
       status.record(kDraftCount, b - 1, a.qo[b] - a.qo[b - 1]);
-    if (mask_down) status.record(kMaskIndptrOrder, b, a.mask_indptr[b]);
+    // mask_indptr is read raw, by the recording block only: no other thread needs its order.
+    if (b > 0 && a.has_mask_indptr && a.mask_indptr[b] < a.mask_indptr[b - 1])
+      status.record(kMaskIndptrOrder, b, a.mask_indptr[b]);
   }
 }
 
 // The staged sanitizing (a.batch <= kSharedBatch). Every thread of the block calls this (it
 // synchronises the block); `record` (one block) records the indptr faults, the faults that depend
 // on slots and mask cells are recorded where they are read. One load round trip (entry b and b-1,
-// the second mostly from L1), one block vote; a second barrier only where an entry is bad. The
-// mask_indptr is staged too, so the mask warps find their block's start without a round trip.
+// the second mostly from L1), one block vote; a second barrier only where an entry is bad.
 __device__ __forceinline__ SanitizedBatch<true> sanitize_staged(const BatchLimits& a, StatusRecorder& status, bool record) {
   __shared__ int32_t s_qo[kSharedBatch + 1], s_kv[kSharedBatch + 1];
-  __shared__ int64_t s_mask[kSharedBatch + 1];
   __shared__ int s_k_qo, s_k_kv;
   const int entries = a.batch + 1;
   if (threadIdx.x == 0) {
@@ -176,19 +166,16 @@ __device__ __forceinline__ SanitizedBatch<true> sanitize_staged(const BatchLimit
     const int64_t q = clamp_value(a.qo[b]), k = clamp_value(a.kv[b]);
     const int64_t q_prev = b == 0 ? 0 : clamp_value(a.qo[b - 1]);
     const int64_t k_prev = b == 0 ? 0 : clamp_value(a.kv[b - 1]);
-    const int64_t m = a.has_mask_indptr ? a.mask_indptr[b] : 0;
-    const bool mask_down = a.has_mask_indptr && b > 0 && m < a.mask_indptr[b - 1];
     s_qo[b] = static_cast<int32_t>(q);
     s_kv[b] = static_cast<int32_t>(k);
-    s_mask[b] = m;
-    check_indptr_entry(a, status, record, b, q, q_prev, k, k_prev, mask_down, first_q, first_k);
+    check_indptr_entry(a, status, record, b, q, q_prev, k, k_prev, first_q, first_k);
   }
   if (__syncthreads_or(first_q < entries || first_k < entries)) {  // block-uniform
     if (first_q < entries) atomicMin(&s_k_qo, first_q);
     if (first_k < entries) atomicMin(&s_k_kv, first_k);
     __syncthreads();
   }
-  SanitizedBatch<true> s = SanitizedBatch<true>::over(a, s_qo, s_kv, s_mask, s_k_qo, s_k_kv);
+  SanitizedBatch<true> s = SanitizedBatch<true>::over(a, s_qo, s_kv, s_k_qo, s_k_kv);
   s.derive();
   return s;
 }
@@ -197,7 +184,7 @@ __device__ __forceinline__ SanitizedBatch<true> sanitize_staged(const BatchLimit
 __device__ __forceinline__ SanitizedBatch<false> sanitized_from(const BatchLimits& a, const IndptrBounds* bounds) {
   const IndptrBounds d = *bounds;
   SanitizedBatch<false> s =
-      SanitizedBatch<false>::over(a, nullptr, nullptr, nullptr, static_cast<int>(d.k_qo), static_cast<int>(d.k_kv));
+      SanitizedBatch<false>::over(a, nullptr, nullptr, static_cast<int>(d.k_qo), static_cast<int>(d.k_kv));
   s.kv0 = d.kv0;
   s.keys_at_void = d.keys_at_void;
   return s;
@@ -232,7 +219,6 @@ __global__ void __launch_bounds__(kThreads) sanitize_indptrs_kernel(BatchLimits 
   constexpr int kRound = 4;
   for (int64_t base = threadIdx.x; base < entries; base += kRound * kThreads) {  // 64-bit: no overflow
     int64_t q[kRound], q_prev[kRound], k[kRound], k_prev[kRound];
-    bool mask_down[kRound];
 #pragma unroll
     for (int j = 0; j < kRound; ++j) {
       const int64_t e = base + static_cast<int64_t>(j) * kThreads;
@@ -242,13 +228,11 @@ __global__ void __launch_bounds__(kThreads) sanitize_indptrs_kernel(BatchLimits 
       k[j] = in ? clamp_value(a.kv[b]) : 0;
       q_prev[j] = in && b > 0 ? clamp_value(a.qo[b - 1]) : 0;
       k_prev[j] = in && b > 0 ? clamp_value(a.kv[b - 1]) : 0;
-      mask_down[j] = in && a.has_mask_indptr && b > 0 && a.mask_indptr[b] < a.mask_indptr[b - 1];
     }
 #pragma unroll
     for (int j = 0; j < kRound; ++j) {
       const int64_t e = base + static_cast<int64_t>(j) * kThreads;
-      if (e < entries)
-        check_indptr_entry(a, status, true, static_cast<int>(e), q[j], q_prev[j], k[j], k_prev[j], mask_down[j], first_q, first_k);
+      if (e < entries) check_indptr_entry(a, status, true, static_cast<int>(e), q[j], q_prev[j], k[j], k_prev[j], first_q, first_k);
     }
   }
   first_q = warp_min(first_q);
@@ -262,7 +246,7 @@ __global__ void __launch_bounds__(kThreads) sanitize_indptrs_kernel(BatchLimits 
     first_q = s_first[0][w] < first_q ? s_first[0][w] : first_q;
     first_k = s_first[1][w] < first_k ? s_first[1][w] : first_k;
   }
-  SanitizedBatch<false> s = SanitizedBatch<false>::over(a, nullptr, nullptr, nullptr, first_q, first_k);
+  SanitizedBatch<false> s = SanitizedBatch<false>::over(a, nullptr, nullptr, first_q, first_k);
   if (threadIdx.x == 0) {
     s.derive();
     *out = IndptrBounds{s.k_qo, s.k_kv, s.kv0, s.keys_at_void};

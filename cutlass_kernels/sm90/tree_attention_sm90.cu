@@ -60,8 +60,8 @@ void launch(const VerifyParams& params, dim3 grid, cudaStream_t stream) {
   auto kernel = ddtree::sm90::verify_attention_kernel<Traits, kPersistent>;
   const int smem = Traits::kSmemBytes + 1024;  // + alignment slack for the swizzled tiles
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<grid, Traits::kThreads, smem, stream>>>(params);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // Chained to the preparation before it (../grid_dependency.cuh).
+  C10_CUDA_CHECK(ddtree::launch_dependent(kernel, grid, dim3(Traits::kThreads), smem, stream, params));
 }
 
 void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& qo_indptr,

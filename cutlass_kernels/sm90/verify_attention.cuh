@@ -13,6 +13,8 @@
 //   a range of its keys).
 // Which request a row block belongs to, and each CTA's segments, come from the plan that the
 // preparation made once for the batch (persistent_plan.cuh).
+// Launched as a dependent of the kernel before it (../grid_dependency.cuh): the barriers are set
+// up while the preparation finishes, and nothing global is touched before it has.
 // With a status, the first CTA publishes what the preparation before it recorded (status.cuh):
 // one GEMM thread, after it has issued its q copies, while it would wait for them and for the
 // first keys anyway; where that CTA has no keys to attend, before it returns.
@@ -23,6 +25,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/numeric_types.h>
 
+#include "../grid_dependency.cuh"
 #include "../index_view.cuh"
 #include "../status.cuh"
 #include "epilogue.cuh"
@@ -144,6 +147,28 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   const int split = blockIdx.y;
   const bool gather_role = threadIdx.x / 128 == Traits::kGatherWarpgroup;
 
+  // Set-up that reads nothing another kernel writes, while the preparation may still run
+  // (../grid_dependency.cuh): the barriers and the TMA descriptor.
+  if (threadIdx.x == 0) {
+    SharedState& st = *reinterpret_cast<SharedState*>(smem_base + kStateOffset);
+    for (int stage = 0; stage < Traits::kStages; ++stage) {
+      for (int c = 0; c < Traits::kColumnChunks; ++c) {
+        Barrier::init(&st.chunk_full[stage][c], 128 + (c == 0 ? 4 : 0));  // + 4: the key bits of each warp
+      }
+    }
+    Barrier::init(&st.q_full, kMmaThreads);
+    for (int g = 0; g < SharedState::kReleaseGroups; ++g) Barrier::init(&st.chunk_empty[g], 128);
+#ifdef DDTREE_WAIT_CLOCKS
+    for (int r = 0; r < kWaitRoles; ++r) {
+      for (int w = 0; w < kWaitSlots; ++w) st.wait_clocks[r][w] = 0;
+    }
+#endif
+    cutlass::arch::fence_barrier_init();
+  }
+  if (p.kv_boxes && threadIdx.x == Traits::kGatherWarpgroup * 128) cute::prefetch_tma_descriptor(&p.kv_map);
+  wait_for_prior_grids();
+  allow_dependent_grids();  // the combine may launch; it waits for this grid before reading
+
   Element* const out = static_cast<Element*>(p.out);
   // Padding rows (t >= qo_indptr[B]): out 0, lse -inf; 4 GEMM threads zero one row's 512 columns.
   auto zero_padding_block = [&](int64_t row_begin) {
@@ -190,27 +215,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     }
   }
 
-  if (threadIdx.x == 0) {
-    SharedState& st = *reinterpret_cast<SharedState*>(smem_base + kStateOffset);
-    for (int stage = 0; stage < Traits::kStages; ++stage) {
-      for (int c = 0; c < Traits::kColumnChunks; ++c) {
-        Barrier::init(&st.chunk_full[stage][c], 128 + (c == 0 ? 4 : 0));  // + 4: the key bits of each warp
-      }
-    }
-    Barrier::init(&st.q_full, kMmaThreads);
-    for (int g = 0; g < SharedState::kReleaseGroups; ++g) Barrier::init(&st.chunk_empty[g], 128);
-#ifdef DDTREE_WAIT_CLOCKS
-    for (int r = 0; r < kWaitRoles; ++r) {
-      for (int w = 0; w < kWaitSlots; ++w) st.wait_clocks[r][w] = 0;
-    }
-#endif
-    cutlass::arch::fence_barrier_init();
-  }
-
   int pairs_done = 0;  // pairs of earlier segments: every chunk barrier completed one phase per pair
   if (gather_role) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kGatherRegisters>();
-    if (p.kv_boxes && threadIdx.x % 128 == 0) cute::prefetch_tma_descriptor(&p.kv_map);
     for (int segment = 0;; ++segment) {
       const int wg_thread = opaque_if<kPersistent>(static_cast<int>(threadIdx.x)) % 128;
       uint8_t* const smem = smem_raw + opaque_if<kPersistent>(align_pad);

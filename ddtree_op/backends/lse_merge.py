@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from ..contract import LATENT_DIM
+from .splits import dependent_launch
 
 D_LATENT = tl.constexpr(LATENT_DIM)
 
@@ -21,6 +23,7 @@ def _combine_splits_kernel(
     out_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh,
     num_tokens,
     HEADS: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr,
+    DEPENDENT: tl.constexpr,
 ):
     """Merges the NUM_SPLITS partial (out, lse) pairs of one valid row by their LSE; program
     (r, j) does row r, columns [j * BLOCK_D, +BLOCK_D). All splits are loaded at once as one
@@ -28,6 +31,8 @@ def _combine_splits_kernel(
     load waits for another: the row count, the LSEs and the partials go out together, so a program
     waits for one memory round trip. Rows past qo_indptr[B] are read (the grid covers T * H rows,
     all inside the buffers) but not stored."""
+    if DEPENDENT:  # launched while the attention kernel may still run: wait for its partials
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     pid_d = tl.program_id(1)
     stride_split = num_tokens * HEADS
@@ -61,9 +66,11 @@ def combine_splits(part_out, part_lse, qo_indptr, out, lse):
     num_splits = part_out.shape[0]
     splits_pow2 = triton.next_power_of_2(num_splits)
     block_d = max(32, min(LATENT_DIM, 4096 // splits_pow2))  # the [splits, BLOCK_D] tile: <= 32 fp32 per thread
+    dependent = dependent_launch(out.device)
     _combine_splits_kernel[(num_tokens * heads, LATENT_DIM // block_d)](
         part_out, part_lse, qo_indptr, qo_indptr.numel() - 1,
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
         num_tokens,
-        HEADS=heads, BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLITS_POW2=splits_pow2, num_warps=4,
+        HEADS=heads, BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLITS_POW2=splits_pow2, DEPENDENT=dependent, num_warps=4,
+        **({"launch_pdl": True} if dependent else {}),
     )

@@ -29,7 +29,7 @@ std::vector<at::Tensor> prepare_verify_emu(at::Tensor qo_indptr, at::Tensor kv_i
   at::Tensor words = at::empty({num_rows, words_per_row}, qo_indptr.options().dtype(at::kLong));
   const bool has_mi = mask_indptr.has_value();
   TreeMaskArgs mask{static_cast<const uint8_t*>(tree_mask.data_ptr()), tree_mask.numel(), static_cast<int>(tree_mask.element_size()),
-                    has_mi, nullptr, batch, kind,
+                    has_mi ? view_of(*mask_indptr) : view_of(qo_indptr), has_mi, nullptr, batch, kind,
                     num_rows, static_cast<int>(words_per_row), words.data_ptr<int64_t>()};
   const int packed_width = packed_mask_width(tree_mask, layout);
   const auto reads = packed_width == 0 ? mask_indptr : c10::optional<at::Tensor>();

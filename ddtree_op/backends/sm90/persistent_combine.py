@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from ...contract import (LATENT_DIM, PLAN_BLOCK, PLAN_CTAS, PLAN_EQUAL_SHARES, PLAN_FIRST_ITEM, PLAN_HEADER, PLAN_HEADS,
                          PLAN_ITEMS, PLAN_REQUEST, PLAN_ROW_BLOCKS, PLAN_SPLITS, PLAN_UNITS, PLAN_USED, ROWS_PER_BLOCK,
                          plan_capacity)
+from ..splits import dependent_launch
 
 # A program merges 4 rows from 4 slots per memory round trip ([4, 4, 512] fp32: 32 per thread of
 # 8 warps): equal shares rarely cut a row block more than 3 times. One row per program needs 64
@@ -34,8 +36,10 @@ def _combine_persistent_kernel(
     part_out_ptr, part_lse_ptr, qo_indptr_ptr, plan_ptr, capacity, search_steps, splits,
     out_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh, num_ctas,
     HEADS: tl.constexpr, SLOT_BLOCK: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr,
-    ROWS: tl.constexpr, D: tl.constexpr,
+    ROWS: tl.constexpr, D: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
+    if DEPENDENT:  # launched while the attention kernel may still run: wait for its partials
+        gdc_wait()
     k = tl.program_id(0)
     g = tl.program_id(1)
     # A plan made for another schedule is not read (the kernel wrote nothing from it either).
@@ -113,9 +117,11 @@ def combine_persistent(part_out, part_lse, qo_indptr, plan, out, lse, ctas: int,
     `splits` per row block) wrote as partials ([2 ctas, 64, 512] and [2 ctas, 64] float32), as
     the schedule plan it read (int64, cutlass_kernels/verify_plan.cuh) says."""
     capacity = plan_capacity(out.shape[0], out.shape[1], qo_indptr.numel() - 1)
+    dependent = dependent_launch(out.device)
     _combine_persistent_kernel[(ctas, ROWS_PER_BLOCK // ROWS_PER_PROGRAM)](
         part_out, part_lse, qo_indptr, plan, capacity, max(capacity, 1).bit_length(), splits,
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1), ctas,
         HEADS=out.shape[1], SLOT_BLOCK=SLOT_BLOCK, ROWS_PER_PROGRAM=ROWS_PER_PROGRAM,
-        ROWS=ROWS_PER_BLOCK, D=LATENT_DIM, num_warps=8,
+        ROWS=ROWS_PER_BLOCK, D=LATENT_DIM, DEPENDENT=dependent, num_warps=8,
+        **({"launch_pdl": True} if dependent else {}),
     )
