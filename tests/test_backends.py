@@ -76,3 +76,20 @@ def test_backend_choice_is_made_once_per_input_class(fresh_dispatch, monkeypatch
         mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs())
     again = backends.choose.cache_info()
     assert (again.misses, again.hits) == (first.misses, first.hits + 3)
+
+
+def test_combines_launch_plainly_where_the_chain_is_off(monkeypatch):
+    """The combines are dependent launches only on sm_90+ with DDTREE_PDL unset, never under the
+    Triton interpreter (which has no griddepcontrol); the switch is read at every call."""
+    from ddtree_op.backends import splits
+
+    device = torch.device("cuda", 0)
+    monkeypatch.setenv("DDTREE_PDL", "0")
+    assert not splits.dependent_launch(device)
+    monkeypatch.delenv("DDTREE_PDL")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not splits.dependent_launch(device)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(splits, "_has_dependent_launch", lambda index: index == 0)
+    assert splits.dependent_launch(device)
+    assert not splits.dependent_launch(torch.device("cuda", 1))
