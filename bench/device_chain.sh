@@ -14,12 +14,8 @@ source bench/device_common.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
 export PYTHONUNBUFFERED=1 DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
 build='import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")'
-in_tree() {  # TREE COMMAND...: the command in .snap/TREE with its own build cache
-  local tree=$1; shift
-  (cd "$root/.snap/$tree" && PYTHONPATH=/tmp/site:$root/.snap/$tree DDTREE_CACHE_DIR=/tmp/ddc_$tree "$@")
-}
 (PYTHONPATH=/tmp/site:$root DDTREE_CACHE_DIR=/tmp/ddc timeout 240 python3 -c "$build" > $R/build.log 2>&1) &
-for tree in "$@"; do in_tree "$tree" timeout 240 python3 -c "$build" > "$R/build_$tree.log" 2>&1 & done
+for tree in "$@"; do in_snap_tree "$tree" timeout 240 python3 -c "$build" > "$R/build_$tree.log" 2>&1 & done
 wait
 for f in $R/build*.log; do echo "== $f"; grep -v DEBUG "$f" | tail -n 2; done; echo "built at $SECONDS s"
 export PYTHONPATH=/tmp/site:$root DDTREE_CACHE_DIR=/tmp/ddc
@@ -28,7 +24,7 @@ tests=${TESTS:-tests/test_gpu_dependent_launch.py tests/test_gpu_graphs.py tests
 python3 -m bench.parallel_tests --processes ${PROCESSES:-10} --timeout ${TEST_S:-150} --log-dir /tmp/tests $tests > $R/gpu_tests.log 2>&1 &
 for tree in "$@"; do
   [ "$tree" = main ] && continue
-  in_tree "$tree" timeout "${TEST_S:-150}" python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu_sm90.py \
+  in_snap_tree "$tree" timeout "${TEST_S:-150}" python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu_sm90.py \
     tests/test_gpu_attention.py tests/test_gpu_persistent.py -k sm90 > "/tmp/tests_$tree.log" 2>&1 &
 done
 wait
@@ -55,7 +51,7 @@ specs=()
 for tree in "$@"; do
   [ "$tree" = main ] || variant_tests_passed "$tree" || continue
   [ "$SECONDS" -lt "${AB_DEADLINE_S:-480}" ] || { echo "$tree not timed: past the deadline"; continue; }
-  in_tree "$tree" timeout 100 python3 -m bench.verify --cases grid --no-prep --backends sm90,flashmla --out "/tmp/r_$tree" 2>&1 \
+  in_snap_tree "$tree" timeout 100 python3 -m bench.verify --cases grid --no-prep --backends sm90,flashmla --out "/tmp/r_$tree" 2>&1 \
     | grep --line-buffered -E "wrote"
   cp "/tmp/r_$tree/results.json" "$R/grid_$tree.json" && specs+=("$tree=$R/grid_$tree.json")
   echo "$tree timed at $SECONDS s"

@@ -10,3 +10,10 @@ variant_tests_passed() {
   echo "$tree: tests failed or timed out, not timed"
   return 1
 }
+
+# Runs COMMAND... in the snapshot .snap/TREE of the tree at $root (bench/snapshot_trees.sh), with
+# that tree on PYTHONPATH after the carried wheels (/tmp/site) and a build cache of its own.
+in_snap_tree() {
+  local tree=$1; shift
+  (cd "$root/.snap/$tree" && PYTHONPATH=/tmp/site:$root/.snap/$tree DDTREE_CACHE_DIR=/tmp/ddc_$tree "$@")
+}

@@ -12,17 +12,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD R=/tmp/targets; mkdir -p $R
+source bench/device_common.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
 export PYTHONUNBUFFERED=1 DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
-in_tree() {  # TREE COMMAND...: the command in .snap/TREE with its own build cache
-  local tree=$1; shift
-  (cd "$root/.snap/$tree" && PYTHONPATH=/tmp/site:$root/.snap/$tree DDTREE_CACHE_DIR=/tmp/ddc_$tree "$@")
-}
 (PYTHONPATH=/tmp/site:$root DDTREE_CACHE_DIR=/tmp/ddc timeout 240 python3 -c \
   'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' > $R/build.log 2>&1) &
 for tree in "$@"; do
   [ -f ".snap/$tree/bench/time_prepare.py" ] || cp bench/time_prepare.py ".snap/$tree/bench/"
-  in_tree "$tree" timeout 240 python3 -c 'import ddtree_op.build as b; b.load_library("prep")' > "$R/build_$tree.log" 2>&1 &
+  in_snap_tree "$tree" timeout 240 python3 -c 'import ddtree_op.build as b; b.load_library("prep")' > "$R/build_$tree.log" 2>&1 &
 done
 wait
 for f in $R/build*.log; do echo "== $f"; grep -v DEBUG "$f" | tail -n 1; done; echo "built at $SECONDS s"
@@ -48,7 +45,7 @@ timeout 150 python3 -m bench.verify --cases ragged_pairs --backends sm90 --out /
 cp /tmp/r_ragged/results.json $R/ragged_pairs.json 2>/dev/null; echo "ragged at $SECONDS s"
 timeout 60 python3 -m bench.time_prepare grid > $R/prep_main.log 2>&1; echo "main: $(tail -n 1 $R/prep_main.log)"
 for tree in "$@"; do
-  in_tree "$tree" timeout 60 python3 -m bench.time_prepare grid > "$R/prep_$tree.log" 2>&1; echo "$tree: $(tail -n 1 "$R/prep_$tree.log")"
+  in_snap_tree "$tree" timeout 60 python3 -m bench.time_prepare grid > "$R/prep_$tree.log" 2>&1; echo "$tree: $(tail -n 1 "$R/prep_$tree.log")"
 done
 names=$(python3 -c "from bench.cases import grid_cases; print(','.join(c.name for c in grid_cases()))")
 [ "$SECONDS" -lt "${STATUS_DEADLINE_S:-520}" ] && timeout 70 python3 bench/time_status.py "$names" --backend sm90 > $R/status_cost_grid.log 2>&1

@@ -16,6 +16,7 @@ import math
 import os
 import subprocess
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -169,15 +170,8 @@ class Inputs:
         step = self.whole_step(backend)
 
         def launch():
-            saved = os.environ.get("DDTREE_PDL")
-            os.environ["DDTREE_PDL"] = "0"
-            try:
+            with mock.patch.dict(os.environ, {"DDTREE_PDL": "0"}):
                 step()
-            finally:
-                if saved is None:
-                    del os.environ["DDTREE_PDL"]
-                else:
-                    os.environ["DDTREE_PDL"] = saved
 
         return launch
 

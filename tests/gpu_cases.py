@@ -83,10 +83,26 @@ def make_gpu_case(case, layout, dtype, seed):
     return vb
 
 
-def run_and_reference(vb, backend):
+# Batches that take each path of a CUDA backend: one split (no combine), several splits and the
+# combine, unequal requests (the persistent schedule on sm90), padding rows and a request
+# without drafts.
+SCHEDULE_CASES = [
+    ([700], [4], 16),
+    ([8192, 3000], [16, 16], 16),
+    ([12000, 100, 100, 100, 100, 100, 100, 100], [4] * 8, 128),
+    ([40, 7, 9], [0, 5, 3], 16),
+]
+
+
+def poisoned_outputs(vb):
+    """out and lse for vb's q, filled with NaN: an element the kernel leaves unwritten fails."""
     rows, heads = vb.q.shape[0], vb.q.shape[1]
-    out = torch.full((rows, heads, 512), float("nan"), device="cuda", dtype=vb.q.dtype)  # poison
-    lse = torch.full((rows, heads), float("nan"), device="cuda")
+    return (torch.full((rows, heads, 512), float("nan"), device="cuda", dtype=vb.q.dtype),
+            torch.full((rows, heads), float("nan"), device="cuda"))
+
+
+def run_and_reference(vb, backend):
+    out, lse = poisoned_outputs(vb)
     mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=out, lse=lse, backend=backend)
     ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
     return out, lse, ref_out, ref_lse
@@ -127,8 +143,7 @@ def run_sm90(vb, **schedule):
         vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr, vb.mask_layout, rows, words,
         vb.kv_cache.shape[0], 0, None, plan, heads,
     )
-    out = torch.full((rows, heads, 512), float("nan"), device="cuda", dtype=vb.q.dtype)
-    lse = torch.full((rows, heads), float("nan"), device="cuda")
+    out, lse = poisoned_outputs(vb)
     tree_attention_sm90(vb.q, kv_rows(vb.kv_cache), qo_indptr, verify_indptr, verify_indices, mask_words, vb.sm_scale,
                         out, lse, plan=plan, **schedule)
     return out, lse

@@ -7,30 +7,15 @@ import pytest
 import torch
 
 from conftest import needs_cuda
-from gpu_cases import assert_matches_reference, cuda_backends
+from gpu_cases import SCHEDULE_CASES, assert_matches_reference, cuda_backends, poisoned_outputs
 from ddtree_op import mla_tree_verify
 from ddtree_op.synthetic import make_verify_batch
 
 pytestmark = needs_cuda
 
-# One split (no combine), several splits (the combine after the kernel), unequal requests (the
-# persistent schedule on sm90), and a batch with padding rows and a request without drafts.
-CASES = [
-    ([700], [4], 16),
-    ([8192, 3000], [16, 16], 16),
-    ([12000, 100, 100, 100, 100, 100, 100, 100], [4] * 8, 128),
-    ([40, 7, 9], [0, 5, 3], 16),
-]
-
-
-def poisoned(vb):
-    rows, heads = vb.q.shape[0], vb.q.shape[1]
-    return (torch.full((rows, heads, 512), float("nan"), device="cuda", dtype=vb.q.dtype),
-            torch.full((rows, heads), float("nan"), device="cuda"))
-
 
 @pytest.mark.parametrize("backend", cuda_backends())
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"H{c[2]}-B{len(c[0])}-P{max(c[0])}")
+@pytest.mark.parametrize("case", SCHEDULE_CASES, ids=lambda c: f"H{c[2]}-B{len(c[0])}-P{max(c[0])}")
 def test_chained_launches_match_plain_ones(case, backend, monkeypatch):
     prefix, drafts, heads = case
     vb = make_verify_batch(prefix, drafts, heads, device="cuda", pad_rows=3, seed=len(prefix) + heads)
@@ -41,7 +26,7 @@ def test_chained_launches_match_plain_ones(case, backend, monkeypatch):
             monkeypatch.setenv("DDTREE_PDL", "0")
         else:
             monkeypatch.delenv("DDTREE_PDL", raising=False)
-        out, lse = poisoned(vb)
+        out, lse = poisoned_outputs(vb)
         mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=out, lse=lse, backend=backend)
         assert_matches_reference(out, lse, ref_out, ref_lse)
         results[mode] = (out, lse)
@@ -57,7 +42,7 @@ def test_chained_steps_back_to_back_in_a_graph(backend, monkeypatch):
     monkeypatch.delenv("DDTREE_PDL", raising=False)
     batches = [make_verify_batch(p, n, h, device="cuda", pad_rows=2, seed=s)
                for s, (p, n, h) in enumerate([([8192, 3000], [16, 16], 16), ([700], [4], 128), ([2000] * 6, [8] * 6, 16)])]
-    outputs = [poisoned(vb) for vb in batches]
+    outputs = [poisoned_outputs(vb) for vb in batches]
 
     def steps():
         for vb, (out, lse) in zip(batches, outputs):

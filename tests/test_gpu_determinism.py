@@ -5,21 +5,14 @@ import pytest
 import torch
 
 from conftest import needs_cuda
-from gpu_cases import cuda_backends
+from gpu_cases import SCHEDULE_CASES, cuda_backends, poisoned_outputs
 from ddtree_op import mla_tree_verify
 from ddtree_op.synthetic import make_verify_batch
 
 pytestmark = needs_cuda
 
-# One split; several splits and the combine; unequal requests (the persistent schedule on sm90);
-# a 128-head compute-bound request; padding rows and a request without drafts.
-CASES = [
-    ([700], [4], 16),
-    ([8192, 3000], [16, 16], 16),
-    ([12000, 100, 100, 100, 100, 100, 100, 100], [4] * 8, 128),
-    ([4096], [64], 128),
-    ([40, 7, 9], [0, 5, 3], 16),
-]
+# Each path of the backends, and a 128-head compute-bound request.
+CASES = SCHEDULE_CASES + [([4096], [64], 128)]
 
 
 @pytest.mark.parametrize("backend", cuda_backends())
@@ -29,8 +22,7 @@ def test_repeated_steps_are_bitwise_equal(case, backend):
     vb = make_verify_batch(prefix, drafts, heads, device="cuda", pad_rows=3, seed=heads + len(prefix))
     results = []
     for _ in range(3):
-        out = torch.full((vb.q.shape[0], heads, 512), float("nan"), device="cuda", dtype=vb.q.dtype)
-        lse = torch.full((vb.q.shape[0], heads), float("nan"), device="cuda")
+        out, lse = poisoned_outputs(vb)
         mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=out, lse=lse, backend=backend)
         results.append((out, lse))
     assert not torch.isnan(results[0][0]).any() and not torch.isnan(results[0][1]).any()

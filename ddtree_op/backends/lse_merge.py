@@ -72,5 +72,5 @@ def combine_splits(part_out, part_lse, qo_indptr, out, lse):
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
         num_tokens,
         HEADS=heads, BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLITS_POW2=splits_pow2, DEPENDENT=dependent, num_warps=4,
-        **({"launch_pdl": True} if dependent else {}),
+        launch_pdl=dependent,
     )

@@ -15,8 +15,12 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def sm_count(device: torch.device) -> int:
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return _sm_count(_device_index(device))
 
 
 def resident_splits(num_tokens: int, heads: int, sms: int, block_m: int, ctas_per_sm: int) -> int:
@@ -38,4 +42,4 @@ def dependent_launch(device: torch.device) -> bool:
     nor with DDTREE_PDL=0 (read at every call, as the CUDA launches read it)."""
     if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("DDTREE_PDL") == "0":
         return False
-    return _has_dependent_launch(device.index if device.index is not None else torch.cuda.current_device())
+    return _has_dependent_launch(_device_index(device))

@@ -122,6 +122,5 @@ def combine_persistent(part_out, part_lse, qo_indptr, plan, out, lse, ctas: int,
         part_out, part_lse, qo_indptr, plan, capacity, max(capacity, 1).bit_length(), splits,
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1), ctas,
         HEADS=out.shape[1], SLOT_BLOCK=SLOT_BLOCK, ROWS_PER_PROGRAM=ROWS_PER_PROGRAM,
-        ROWS=ROWS_PER_BLOCK, D=LATENT_DIM, DEPENDENT=dependent, num_warps=8,
-        **({"launch_pdl": True} if dependent else {}),
+        ROWS=ROWS_PER_BLOCK, D=LATENT_DIM, DEPENDENT=dependent, num_warps=8, launch_pdl=dependent,
     )
