@@ -32,21 +32,7 @@ echo "tests at $SECONDS s"; tail -n 3 $R/gpu_tests.log
 timeout ${GRID_S:-220} python3 -m bench.verify --cases grid --backends sm90,flashmla --plain-step --out /tmp/r_chain 2>&1 \
   | grep --line-buffered -E "^NVIDIA|wrote"
 cp /tmp/r_chain/results.json $R/grid_chain.json 2>/dev/null; echo "chain grid at $SECONDS s"
-python3 - <<'PY' 2>&1 | tee $R/chain_summary.txt
-import json, math
-rows = json.load(open("/tmp/r_chain/results.json"))["rows"]
-def gm(xs): return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
-t = [r["time_us"] for r in rows if "step_plain[sm90]" in r["time_us"]]
-print(f"{len(t)} shapes; geomean step chained/plain {gm([x['step[sm90]'] / x['step_plain[sm90]'] for x in t]):.4f}")
-if t and "flashmla" in t[0]:
-    for k in ("sm90", "step[sm90]", "step_plain[sm90]"):
-        print(f"  {k}/flashmla {gm([x[k] / x['flashmla'] for x in t]):.4f}")
-for r in rows:
-    x = r["time_us"]
-    if "step_plain[sm90]" in x and r["floor_us"] < 5:
-        print(f"  {r['case']}: step {x['step[sm90]']:.1f} plain {x['step_plain[sm90]']:.1f} attention {x['sm90']:.1f} "
-              f"FlashMLA {x.get('flashmla', float('nan')):.1f} us")
-PY
+python3 -m bench.step_variants /tmp/r_chain/results.json step_plain --small-floor 5 2>&1 | tee $R/chain_summary.txt
 specs=()
 for tree in "$@"; do
   [ "$tree" = main ] || variant_tests_passed "$tree" || continue

@@ -21,21 +21,7 @@ grep -h -E "^(FAILED|ERROR)" /tmp/tests/*.log 2>/dev/null | head -n 30 | tee -a 
 timeout ${GRID_S:-230} python3 -m bench.verify --cases ${CASES:-grid} --backends sm90,flashmla --waiting-step --out /tmp/r_early 2>&1 \
   | grep --line-buffered -E "^NVIDIA|wrote"
 cp /tmp/r_early/results.json $R/grid_early.json 2>/dev/null; echo "grid at $SECONDS s" | tee -a $R/summary.txt
-python3 - <<'PY' 2>&1 | tee -a $R/summary.txt
-import json, math
-rows = json.load(open("/tmp/r_early/results.json"))["rows"]
-def gm(xs): return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else float("nan")
-t = [r["time_us"] for r in rows if "step_waiting[sm90]" in r["time_us"]]
-print(f"{len(t)} shapes; geomean step early/waiting {gm([x['step[sm90]'] / x['step_waiting[sm90]'] for x in t]):.4f}")
-if t and "flashmla" in t[0]:
-    for k in ("sm90", "step[sm90]", "step_waiting[sm90]"):
-        print(f"  {k}/flashmla {gm([x[k] / x['flashmla'] for x in t]):.4f}")
-for r in rows:
-    x = r["time_us"]
-    if "step_waiting[sm90]" in x:
-        print(f"  {r['case']}: step {x['step[sm90]']:.1f} waiting {x['step_waiting[sm90]']:.1f} attention {x['sm90']:.1f} "
-              f"prepare {x.get('prepare_fused', float('nan')):.1f} FlashMLA {x.get('flashmla', float('nan')):.1f} us")
-PY
+python3 -m bench.step_variants /tmp/r_early/results.json step_waiting 2>&1 | tee -a $R/summary.txt
 [ -d /tmp/tests ] && tar czf $R/test_logs.tgz -C /tmp tests
 cp $R/summary.txt $OUT/; tar czf $OUT/early.tgz -C $R .
 echo "done at $SECONDS s"

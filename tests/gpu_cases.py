@@ -94,6 +94,16 @@ SCHEDULE_CASES = [
 ]
 
 
+def env_modes(monkeypatch, name, modes):
+    """Each mode of `modes` (mode -> value of environment variable `name`, None: unset) in turn, set."""
+    for mode, value in modes.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+        yield mode
+
+
 def poisoned_outputs(vb):
     """out and lse for vb's q, filled with NaN: an element the kernel leaves unwritten fails."""
     rows, heads = vb.q.shape[0], vb.q.shape[1]

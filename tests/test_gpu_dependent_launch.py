@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import needs_cuda
-from gpu_cases import SCHEDULE_CASES, assert_matches_reference, cuda_backends, poisoned_outputs
+from gpu_cases import SCHEDULE_CASES, assert_matches_reference, cuda_backends, env_modes, poisoned_outputs
 from ddtree_op import mla_tree_verify
 from ddtree_op.synthetic import make_verify_batch
 
@@ -21,11 +21,7 @@ def test_chained_launches_match_plain_ones(case, backend, monkeypatch):
     vb = make_verify_batch(prefix, drafts, heads, device="cuda", pad_rows=3, seed=len(prefix) + heads)
     ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")
     results = {}
-    for mode in ("chained", "plain"):
-        if mode == "plain":
-            monkeypatch.setenv("DDTREE_PDL", "0")
-        else:
-            monkeypatch.delenv("DDTREE_PDL", raising=False)
+    for mode in env_modes(monkeypatch, "DDTREE_PDL", {"chained": None, "plain": "0"}):
         out, lse = poisoned_outputs(vb)
         mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=out, lse=lse, backend=backend)
         assert_matches_reference(out, lse, ref_out, ref_lse)

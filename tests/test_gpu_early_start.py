@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import needs_cuda
-from gpu_cases import ATTENTION_CASES, EDGE_CASES, SCHEDULE_CASES, assert_matches_reference, case_id, poisoned_outputs
+from gpu_cases import (ATTENTION_CASES, EDGE_CASES, SCHEDULE_CASES, assert_matches_reference, case_id, env_modes,
+                       poisoned_outputs)
 from test_bounds_safety import CASES as BAD_CASES, _batch as bad_batch
 import ddtree_op
 from ddtree_op import mla_tree_verify
@@ -23,11 +24,7 @@ VALID_CASES = SCHEDULE_CASES + ATTENTION_CASES + EDGE_CASES
 def _both_starts(vb, kwargs, monkeypatch, max_draft_len=None):
     """(out, lse, status) of the step started early and started after the preparation."""
     results = {}
-    for mode in ("early", "waiting"):
-        if mode == "waiting":
-            monkeypatch.setenv("DDTREE_EARLY_START", "0")
-        else:
-            monkeypatch.delenv("DDTREE_EARLY_START", raising=False)
+    for mode in env_modes(monkeypatch, "DDTREE_EARLY_START", {"early": None, "waiting": "0"}):
         out, lse = poisoned_outputs(vb)
         status = ddtree_op.new_status("cuda")
         mla_tree_verify(vb.q, vb.kv_cache, **kwargs, out=out, lse=lse, backend="sm90", status=status,
