@@ -164,14 +164,13 @@ class Inputs:
         return lambda: mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), out=self.out, lse=self.lse, backend=backend,
                                        max_draft_len=self.max_draft)
 
-    def step_with_env(self, backend: str, env: dict):
-        """The whole step captured with `env` set (the launch switches are read at every launch):
-        DDTREE_PDL=0, its kernels launched one after another; DDTREE_EARLY_START=0, the attention
-        waiting for the preparation before it starts."""
+    def plain_step(self, backend: str):
+        """The whole step with its kernels launched one after another (DDTREE_PDL=0 while it is
+        captured), beside the step whose kernels overlap their neighbours' tails."""
         step = self.whole_step(backend)
 
         def launch():
-            with mock.patch.dict(os.environ, env):
+            with mock.patch.dict(os.environ, {"DDTREE_PDL": "0"}):
                 step()
 
         return launch
@@ -283,12 +282,8 @@ def input_set_count(case: Case) -> int:
     return max(1, min(8, math.ceil(3 * L2_BYTES / case.bytes())))
 
 
-# Variants of the whole step beside it (--plain-step, --waiting-step): column prefix -> environment.
-STEP_VARIANTS = {"step_plain": {"DDTREE_PDL": "0"}, "step_waiting": {"DDTREE_EARLY_START": "0"}}
-
-
 def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: dict, with_prep: bool,
-               step_variants: tuple = ()) -> dict:
+               plain_step: bool = False) -> dict:
     sets = input_set_count(case)
     inputs = [Inputs(case, seed) for seed in range(sets)]
     floor = case.floor_seconds(ceilings["bf16_flops"], ceilings["copy_bytes_per_s"])
@@ -317,8 +312,8 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
     if with_prep:
         for b in step_candidates:
             columns[f"step[{b}]"] = [i.whole_step(b) for i in inputs]
-            for variant in step_variants:
-                columns[f"{variant}[{b}]"] = [i.step_with_env(b, STEP_VARIANTS[variant]) for i in inputs]
+            if plain_step:
+                columns[f"step_plain[{b}]"] = [i.plain_step(b) for i in inputs]
         columns["index_build"] = [i.index_build() for i in inputs]
         columns["mask_convert"] = [i.mask_convert() for i in inputs]
         columns["prepare_fused"] = [i.prepare() for i in inputs]
@@ -328,8 +323,7 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
         for b in step_candidates:
             if b != best:
                 del timings[f"step[{b}]"]
-                for variant in step_variants:
-                    timings.pop(f"{variant}[{b}]", None)
+                timings.pop(f"step_plain[{b}]", None)
     if floor * 1e6 < REFERENCE_MAX_FLOOR_US:
         timings["reference(eager)"] = time_eager(inputs[0].attention("reference"))
     for name, seconds in timings.items():
@@ -366,8 +360,6 @@ def main(argv=None):
     parser.add_argument("--no-prep", action="store_true", help="skip timing index build, mask conversion, whole step")
     parser.add_argument("--plain-step", action="store_true", help="also time each whole step with its kernels launched "
                         "one after another (DDTREE_PDL=0), as step_plain[BACKEND]")
-    parser.add_argument("--waiting-step", action="store_true", help="also time each whole step with the attention waiting "
-                        "for the preparation before it starts (DDTREE_EARLY_START=0), as step_waiting[BACKEND]")
     parser.add_argument("--out", default=None, help="output directory (default bench/results/<date>_<gpu>_<commit>)")
     args = parser.parse_args(argv)
 
@@ -398,8 +390,7 @@ def main(argv=None):
     meta = {"date": date, "gpu": gpu, "commit": commit, "torch": torch.__version__, "ceilings": ceilings}
     rows = []
     for case in cases:
-        variants = tuple(v for v, wanted in (("step_plain", args.plain_step), ("step_waiting", args.waiting_step)) if wanted)
-        rows.append(bench_case(case, backends, triton_configs, ceilings, not args.no_prep, variants))
+        rows.append(bench_case(case, backends, triton_configs, ceilings, not args.no_prep, args.plain_step))
         r = rows[-1]
         print(f"  {case.name}: " + ", ".join(f"{k} {v:.1f}us" for k, v in r["time_us"].items()), flush=True)
         # Written after every shape, so a run cut short still leaves its measurements.

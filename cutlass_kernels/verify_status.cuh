@@ -153,9 +153,8 @@ __device__ __forceinline__ void check_indptr_entry(const BatchLimits& a, StatusR
 // synchronises the block); `record` (one block) records the indptr faults, the faults that depend
 // on slots and mask cells are recorded where they are read. One load round trip (entry b and b-1,
 // the second mostly from L1), one block vote; a second barrier only where an entry is bad.
-// s_qo, s_kv: kSharedBatch + 1 entries each of shared memory, which the batch reads after the call.
-__device__ __forceinline__ SanitizedBatch<true> sanitize_staged(const BatchLimits& a, StatusRecorder& status, bool record,
-                                                                int32_t* s_qo, int32_t* s_kv) {
+__device__ __forceinline__ SanitizedBatch<true> sanitize_staged(const BatchLimits& a, StatusRecorder& status, bool record) {
+  __shared__ int32_t s_qo[kSharedBatch + 1], s_kv[kSharedBatch + 1];
   __shared__ int s_k_qo, s_k_kv;
   const int entries = a.batch + 1;
   if (threadIdx.x == 0) {
@@ -179,12 +178,6 @@ __device__ __forceinline__ SanitizedBatch<true> sanitize_staged(const BatchLimit
   SanitizedBatch<true> s = SanitizedBatch<true>::over(a, s_qo, s_kv, s_k_qo, s_k_kv);
   s.derive();
   return s;
-}
-
-// The same with the indptrs staged in static shared memory (the preparation's blocks).
-__device__ __forceinline__ SanitizedBatch<true> sanitize_staged(const BatchLimits& a, StatusRecorder& status, bool record) {
-  __shared__ int32_t s_qo[kSharedBatch + 1], s_kv[kSharedBatch + 1];
-  return sanitize_staged(a, status, record, s_qo, s_kv);
 }
 
 // The unstaged batch, from what sanitize_indptrs_kernel left (read by every thread: one load).

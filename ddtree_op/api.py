@@ -81,27 +81,18 @@ def mla_tree_verify(
         )
     check_kv_scale(kv_cache, kv_scale, q.device)
     rows = kv_rows(kv_cache)
-    if rows.dtype == torch.uint8:
-        rows = rows.view(torch.float8_e4m3fn)
-    words = mask_words_per_row(tree_mask, mask_layout, q.shape[0], max_draft_len)
-    if out is None:
-        out = q.new_empty((q.shape[0], q.shape[1], LATENT_DIM))
-    if lse is None:
-        lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
-    scale_tensor, scale_value = _scale_arguments(kv_scale)
-    # The preparation and the attention as one op (ops.tree_verify_into): the attention reads the
-    # preparation's sanitized batch, schedule plan and mask, and publishes the status it recorded
-    # (status.py).
-    ops.tree_verify_into(q, rows, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout, words,
-                         max_draft_len or 0, float(sm_scale), out, lse, backend, scale_tensor, scale_value, status)
-    return out, lse
-
-
-def _scale_arguments(kv_scale):
-    """(kv_scale tensor or None, kv_scale_value) as the attention ops take them."""
-    scale_tensor = kv_scale if isinstance(kv_scale, torch.Tensor) else None
-    scale_value = 1.0 if kv_scale is None or scale_tensor is not None else float(kv_scale)
-    return scale_tensor, scale_value
+    num_rows = q.shape[0]
+    words = mask_words_per_row(tree_mask, mask_layout, num_rows, max_draft_len)
+    # The attention op reads the sanitized qo_indptr the preparation returns, never the raw one,
+    # and the schedule plan it makes in the same launch; it publishes the status the preparation
+    # recorded (status.py).
+    plan = new_plan(q, qo_indptr)
+    verify_indptr, verify_indices, mask_words, qo_indptr = ops.prepare_verify(
+        qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout, num_rows, words,
+        rows.shape[0], max_draft_len or 0, status, plan, q.shape[1], publish_status=False,
+    )
+    return attend(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend, kv_scale, plan,
+                  status)
 
 
 def new_plan(q, qo_indptr):
@@ -117,7 +108,8 @@ def attend(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_sca
     sm_scale = float(sm_scale)
     if rows.dtype == torch.uint8:
         rows = rows.view(torch.float8_e4m3fn)
-    scale_tensor, scale_value = _scale_arguments(kv_scale)
+    scale_tensor = kv_scale if isinstance(kv_scale, torch.Tensor) else None
+    scale_value = 1.0 if kv_scale is None or scale_tensor is not None else float(kv_scale)
     if out is None and lse is None:
         return ops.tree_attention(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, backend,
                                   scale_tensor, scale_value, plan, status)

@@ -39,12 +39,6 @@ def tree_attention_into_fake(q, kv_cache, qo_indptr, verify_indptr, verify_indic
     return None
 
 
-def tree_verify_into_fake(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout,
-                          words_per_row, max_draft_len, sm_scale, out, lse, backend="auto", kv_scale=None, kv_scale_value=1.0,
-                          status=None):
-    return None
-
-
 def paged_slot_lists_fake(block_table, cache_seqlens, qo_indptr, page_size, num_pages, num_rows):
     batch = qo_indptr.shape[0] - 1
     kv_indptr = qo_indptr.new_empty(batch + 1, dtype=torch.int32)

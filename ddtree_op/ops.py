@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import backends, build, meta, prep, status as status_layout
-from .contract import LATENT_DIM, plan_numel
+from .contract import LATENT_DIM
 from .checks import check_status_argument
 
 _lib = torch.library.Library("ddtree", "DEF")  # module-level: the ops live as long as this
@@ -52,15 +52,6 @@ _lib.define(f"tree_attention({_ATTENTION_ARGS}, str backend='auto', {_SCALE_ARGS
             " Tensor(a!)? status=None) -> (Tensor out, Tensor lse)")
 _lib.define(f"tree_attention_into({_ATTENTION_ARGS}, Tensor(a!) out, Tensor(b!) lse, str backend='auto', {_SCALE_ARGS},"
             " Tensor? plan=None, Tensor(c!)? status=None) -> ()")
-# The whole verify step (mla_tree_verify): prepare_verify, then the attention, as one op, so that
-# no other kernel runs between the two launches and the attention may start on the raw indices
-# while the preparation still runs (cutlass_kernels/sm90/early_schedule.cuh). kv_cache is the
-# [S, 576] pool.
-_lib.define(
-    "tree_verify_into(Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor kv_indptr, Tensor kv_indices,"
-    " Tensor out_cache_loc, Tensor tree_mask, Tensor? mask_indptr, str layout, SymInt words_per_row, int max_draft_len,"
-    f" float sm_scale, Tensor(a!) out, Tensor(b!) lse, str backend='auto', {_SCALE_ARGS}, Tensor(c!)? status=None) -> ()"
-)
 
 
 def _build_verify_indices_cuda(qo_indptr, kv_indptr, kv_indices, out_cache_loc):
@@ -133,11 +124,11 @@ _lib.impl("paged_slot_lists", _paged_slot_lists_cuda, "CUDA")
 
 
 def _tree_attention_into(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend="auto",
-                         kv_scale=None, kv_scale_value=1.0, plan=None, status=None, sources=None):
+                         kv_scale=None, kv_scale_value=1.0, plan=None, status=None):
     if status is not None:
         check_status_argument(status, q.device)
     published = backends.run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out,
-                                            lse, backend, kv_scale, kv_scale_value, plan, status, sources)
+                                            lse, backend, kv_scale, kv_scale_value, plan, status)
     if status is not None and not published:  # no kernel launched that publishes it (CPU, reference, no rows)
         status_layout.publish(status)
 
@@ -151,28 +142,9 @@ def _tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_
     return out, lse
 
 
-def _tree_verify_into(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout,
-                      words_per_row, max_draft_len, sm_scale, out, lse, backend="auto", kv_scale=None, kv_scale_value=1.0,
-                      status=None):
-    # Contiguous before the preparation's launch: a copy between it and the attention would be the
-    # kernel the attention's early start overlaps.
-    qo_indptr, kv_indptr, kv_indices, out_cache_loc = (t.contiguous() for t in (qo_indptr, kv_indptr, kv_indices, out_cache_loc))
-    plan = q.new_empty(plan_numel(q.shape[0], q.shape[1], qo_indptr.shape[0] - 1), dtype=torch.int64)
-    # The attention reads the sanitized qo_indptr the preparation returns (or, starting early, the
-    # raw indices with the same sanitizing) and publishes the status the preparation recorded.
-    verify_indptr, verify_indices, mask_words, qo_sanitized = prepare_verify(
-        qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, layout, q.shape[0], words_per_row,
-        kv_cache.shape[0], max_draft_len, status, plan, q.shape[1], publish_status=False,
-    )
-    sources = (qo_indptr, kv_indptr, kv_indices, out_cache_loc) if q.is_cuda else None
-    _tree_attention_into(q, kv_cache, qo_sanitized, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend,
-                         kv_scale, kv_scale_value, plan, status, sources)
-
-
 for _key in ("CPU", "CUDA"):
     _lib.impl("tree_attention", _tree_attention, _key)
     _lib.impl("tree_attention_into", _tree_attention_into, _key)
-    _lib.impl("tree_verify_into", _tree_verify_into, _key)
 
 
 def _inference_only(name: str):
@@ -192,7 +164,7 @@ def _inference_only(name: str):
     return kernel
 
 
-for _name in ("tree_attention", "tree_attention_into", "tree_verify_into"):
+for _name in ("tree_attention", "tree_attention_into"):
     _lib.impl(_name, _inference_only(_name), "Autograd", with_keyset=True)
 
 torch.library.register_fake("ddtree::build_verify_indices", meta.build_verify_indices_fake, lib=_lib)
@@ -201,7 +173,6 @@ torch.library.register_fake("ddtree::prepare_verify", meta.prepare_verify_fake, 
 torch.library.register_fake("ddtree::paged_slot_lists", meta.paged_slot_lists_fake, lib=_lib)
 torch.library.register_fake("ddtree::tree_attention", meta.tree_attention_fake, lib=_lib)
 torch.library.register_fake("ddtree::tree_attention_into", meta.tree_attention_into_fake, lib=_lib)
-torch.library.register_fake("ddtree::tree_verify_into", meta.tree_verify_into_fake, lib=_lib)
 
 build_verify_indices = torch.ops.ddtree.build_verify_indices.default
 convert_tree_mask = torch.ops.ddtree.convert_tree_mask.default
@@ -209,4 +180,3 @@ prepare_verify = torch.ops.ddtree.prepare_verify.default
 paged_slot_lists = torch.ops.ddtree.paged_slot_lists.default
 tree_attention = torch.ops.ddtree.tree_attention.default
 tree_attention_into = torch.ops.ddtree.tree_attention_into.default
-tree_verify_into = torch.ops.ddtree.tree_verify_into.default

@@ -43,9 +43,3 @@ def test_opcheck_all_ops(device):
         ops.prepare_verify(vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr,
                            vb.mask_layout, num_rows, words, 2**31 - 1, 0, None, plan, heads)  # the plan the attention reads
         torch.library.opcheck(ops.tree_attention, attn_args + ("auto", None, 1.0, plan))
-        rows = vb.kv_cache.view(-1, vb.kv_cache.shape[-1])
-        status = torch.zeros(48, dtype=torch.int32, device=device)
-        verify_args = (vb.q, rows, vb.qo_indptr, vb.kv_indptr, vb.kv_indices, vb.out_cache_loc, vb.tree_mask, vb.mask_indptr,
-                       vb.mask_layout, words, 0, vb.sm_scale)
-        torch.library.opcheck(ops.tree_verify_into, verify_args + (out, lse))
-        torch.library.opcheck(ops.tree_verify_into, verify_args + (out, lse), dict(status=status))

@@ -12,7 +12,6 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
-#include "early_schedule.cuh"
 #include "traits.cuh"
 #include "wait_clocks.cuh"
 
@@ -167,30 +166,26 @@ __device__ __forceinline__ uint64_t read_key_slots(const uint16_t* key_bits) {
   return *reinterpret_cast<const uint64_t*>(key_bits);
 }
 
-// What the gather needs of a segment. kEarly: the slots come from the raw batch (`source`,
-// early_schedule.cuh), else from the preparation's verify_indices (`slots`).
-template <class Traits, bool kEarly>
+// What the gather needs of a segment.
+template <class Traits>
 struct GatherPlan {
   const typename Traits::Element* kv;
   int64_t kv_stride;
   const int32_t* slots;  // verify_indices of the request's first key
-  KeySource source;
   const CUtensorMap* kv_map;  // the pool as 64 x 64 boxes, or nullptr: cp.async only
   int kv_begin, kv_end, num_tiles;
 
   __device__ __forceinline__ int slot_of(int tile, int row) const {  // -1 past the range
     const int key = kv_begin + tile * Traits::kKeys + row;
-    if (tile >= num_tiles || key >= kv_end) return -1;
-    if constexpr (kEarly) return source.slot(key);
-    else return slots[key];
+    return tile < num_tiles && key < kv_end ? slots[key] : -1;
   }
 };
 
 // The gather warpgroup's work for one segment: each pair's two tiles, part by part as
 // the GEMM warpgroups release the previous pair's (the first pair of a segment starts on empty
 // stages). Pair g's key bits go to buffer g % 2, published before chunk 0's barrier completes.
-template <class Traits, bool kEarly>
-__device__ __forceinline__ void gather_segment(const GatherPlan<Traits, kEarly>& plan, uint32_t smem_k,
+template <class Traits>
+__device__ __forceinline__ void gather_segment(const GatherPlan<Traits>& plan, uint32_t smem_k,
                                                typename Traits::SharedState& st, int pairs_done, int wg_thread) {
   using Barrier = cutlass::arch::ClusterBarrier;
   using State = typename Traits::SharedState;

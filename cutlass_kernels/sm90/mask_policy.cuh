@@ -6,8 +6,6 @@
 
 #include <cstdint>
 
-#include "../grid_dependency.cuh"
-
 namespace ddtree::sm90 {
 
 // Visibility bits of 64 consecutive key columns whose first one is draft column `first_draft`
@@ -29,7 +27,6 @@ struct TreeMask {
   int64_t mask_stride;
   int64_t q_lo;               // the request's first token
   int heads, num_draft, num_rows, prefix_len;
-  bool wait_for_words;  // the preparation that writes the words may still run (early_schedule.cuh)
 
   // Bits of the tile starting at key kv0 for rows row and row + 8 of the block (packed rows
   // row_base + ...), ANDed with the tile's keys that have a slot. Only tiles that reach the
@@ -38,7 +35,6 @@ struct TreeMask {
                                             uint64_t (&bits)[2]) const {
     bits[0] = bits[1] = key_slots;
     if (kv0 + 64 <= prefix_len) return;
-    if (wait_for_words) wait_for_prior_grids();
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int row = row_base + my_row + 8 * j;

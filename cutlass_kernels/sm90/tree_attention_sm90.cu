@@ -10,7 +10,6 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "verify_attention.cuh"
@@ -55,40 +54,6 @@ bool kv_boxes_enabled() {
   return enabled;
 }
 
-// DDTREE_EARLY_START=0 has the split kernel wait for the preparation before it starts, for A/B
-// timing; read at every launch (as DDTREE_PDL), so that one process can capture both forms.
-bool early_start_enabled() {
-  const char* v = std::getenv("DDTREE_EARLY_START");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
-
-// The raw batch for the split kernel's early start (early_schedule.cuh), or nothing where it
-// does not apply: the raw index tensors not given, more requests than a CTA stages, or turned off.
-bool early_sources(ddtree::sm90::BatchSources& src, const c10::optional<at::Tensor>& raw_qo_indptr,
-                   const c10::optional<at::Tensor>& kv_indptr, const c10::optional<at::Tensor>& kv_indices,
-                   const c10::optional<at::Tensor>& out_cache_loc, const at::Tensor& qo_indptr, const at::Tensor& mask_words,
-                   const at::Tensor& kv_cache, int64_t tokens) {
-  const int given = raw_qo_indptr.has_value() + kv_indptr.has_value() + kv_indices.has_value() + out_cache_loc.has_value();
-  TORCH_CHECK(given == 0 || given == 4,
-              "ddtree_op: the early start takes all of 'raw_qo_indptr', 'kv_indptr', 'kv_indices', 'out_cache_loc' or none");
-  if (given == 0) return false;
-  check_index_tensor(*raw_qo_indptr, "raw_qo_indptr");
-  check_index_tensor(*kv_indptr, "kv_indptr");
-  check_index_tensor(*kv_indices, "kv_indices");
-  check_index_tensor(*out_cache_loc, "out_cache_loc");
-  const int64_t batch = qo_indptr.numel() - 1;
-  TORCH_CHECK(raw_qo_indptr->numel() == batch + 1 && kv_indptr->numel() >= batch + 1,
-              "ddtree_op: 'raw_qo_indptr' must have B+1 entries and 'kv_indptr' at least B+1");
-  if (batch > ddtree::kSharedBatch || !early_start_enabled()) return false;
-  // The bounds the preparation sanitized with (prepare_verify_cuda); the mask's columns are 64 a word.
-  src.limits = ddtree::make_batch_limits(*raw_qo_indptr, *kv_indptr, c10::nullopt, tokens, out_cache_loc->numel(),
-                                         kv_indices->numel(), 64 * mask_words.size(1), 0, 0);
-  src.kv_indices = view_of(*kv_indices);
-  src.out_cache_loc = view_of(*out_cache_loc);
-  src.num_slots = kv_cache.size(0);
-  return true;
-}
-
 template <class Element, bool kPersistent>
 void launch(const VerifyParams& params, dim3 grid, cudaStream_t stream) {
   using Traits = VerifyTraits<Element>;
@@ -103,9 +68,7 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
                          const at::Tensor& verify_indptr, const at::Tensor& verify_indices,
                          const at::Tensor& mask_words, double sm_scale, at::Tensor& out, at::Tensor& lse,
                          at::Tensor& part_out, at::Tensor& part_lse, int64_t num_splits,
-                         int64_t persistent_ctas, const at::Tensor& plan, const c10::optional<at::Tensor>& status,
-                         const c10::optional<at::Tensor>& raw_qo_indptr, const c10::optional<at::Tensor>& kv_indptr,
-                         const c10::optional<at::Tensor>& kv_indices, const c10::optional<at::Tensor>& out_cache_loc) {
+                         int64_t persistent_ctas, const at::Tensor& plan, const c10::optional<at::Tensor>& status) {
   const c10::cuda::CUDAGuard guard(q.device());
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1, "ddtree_op: 'q' must be [T, H, 576], last dim contiguous");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, "ddtree_op: 'q' must be bf16 or fp16");
@@ -174,9 +137,6 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
   params.plan = plan.data_ptr<int64_t>();
   params.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
   params.status = ddtree::make_status_view(status.has_value() ? status->data_ptr<int32_t>() : nullptr, false);
-  params.early = early_sources(params.source, raw_qo_indptr, kv_indptr, kv_indices, out_cache_loc, qo_indptr, mask_words,
-                               kv_cache, tokens) &&
-                 persistent_ctas == 0;
 
 
   const int row_blocks = static_cast<int>((tokens * heads + 63) / 64);
@@ -197,8 +157,7 @@ TORCH_LIBRARY(ddtree_sm90, m) {
   m.def(
       "tree_attention(Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor verify_indptr, Tensor verify_indices,"
       " Tensor mask_words, float sm_scale, Tensor(a!) out, Tensor(b!) lse, Tensor(c!) part_out,"
-      " Tensor(d!) part_lse, int num_splits, int persistent_ctas, Tensor plan, Tensor(e!)? status=None,"
-      " Tensor? raw_qo_indptr=None, Tensor? kv_indptr=None, Tensor? kv_indices=None, Tensor? out_cache_loc=None) -> ()");
+      " Tensor(d!) part_lse, int num_splits, int persistent_ctas, Tensor plan, Tensor(e!)? status=None) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ddtree_sm90, CUDA, m) { m.impl("tree_attention", &tree_attention_sm90); }

@@ -28,7 +28,6 @@
 #include "../grid_dependency.cuh"
 #include "../index_view.cuh"
 #include "../status.cuh"
-#include "early_schedule.cuh"
 #include "epilogue.cuh"
 #include "gather.cuh"
 #include "mainloop.cuh"
@@ -61,10 +60,6 @@ struct VerifyParams {
   // num_splits the pieces schedule's splits per row block (persistent_plan.cuh).
   float scale_log2;  // sm_scale * log2(e)
   StatusView status;  // data nullptr: no status to publish
-  // Split kernel only: start early (early_schedule.cuh), reading the raw batch in `source` instead
-  // of qo_indptr, verify_indptr, verify_indices and the plan, which the preparation may still write.
-  bool early;
-  BatchSources source;
 };
 
 // Whether this thread publishes the status: the last GEMM thread of the first CTA, whose warp is
@@ -96,23 +91,14 @@ struct SegmentGeometry {
   float* part_lse_rows;
 };
 
-// `span`: the CTA's row block as the early start found it (read where p.early).
 template <class Traits, bool kPersistent>
-__device__ __forceinline__ SegmentGeometry segment_geometry(const VerifyParams& p, const Segment& seg, int split,
-                                                            const RowBlockSpan& span) {
+__device__ __forceinline__ SegmentGeometry segment_geometry(const VerifyParams& p, const Segment& seg, int split) {
   constexpr int kRows = Traits::kRows, kLatent = Traits::kLatent;
   SegmentGeometry g;
-  if (!kPersistent && p.early) {
-    g.q_lo = span.q_lo;
-    g.num_draft = span.num_draft;
-    g.kv_lo = 0;  // the gather reads the raw slots (KeySource)
-    g.kv_len = span.prefix_len + span.num_draft;
-  } else {
-    g.q_lo = p.qo_indptr[seg.request];
-    g.num_draft = static_cast<int>(p.qo_indptr[seg.request + 1] - g.q_lo);
-    g.kv_lo = p.verify_indptr[seg.request];
-    g.kv_len = p.verify_indptr[seg.request + 1] - g.kv_lo;
-  }
+  g.q_lo = p.qo_indptr[seg.request];
+  g.num_draft = static_cast<int>(p.qo_indptr[seg.request + 1] - g.q_lo);
+  g.kv_lo = p.verify_indptr[seg.request];
+  g.kv_len = p.verify_indptr[seg.request + 1] - g.kv_lo;
   g.num_rows = g.num_draft * p.heads;
   g.row0 = seg.block * kRows;
   g.part_rows = g.part_lse_rows = nullptr;
@@ -180,31 +166,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     cutlass::arch::fence_barrier_init();
   }
   if (p.kv_boxes && threadIdx.x == Traits::kGatherWarpgroup * 128) cute::prefetch_tma_descriptor(&p.kv_map);
-  // The early start reads only what was written before the preparation began; it waits for the
-  // preparation where it reads what that writes (the mask words, the status).
-  const bool early = !kPersistent && p.early;
-  RowBlockSpan span{};
-  if (early) {
-    // The indptrs staged in stage 1, which no copy has reached yet; then a proxy fence orders those
-    // stores before the gather's copies (TMA: the async proxy) into the same bytes.
-    int32_t* const scratch = reinterpret_cast<int32_t*>(smem_base + Traits::kSmemQ + Traits::kSmemK);
-    span = early_row_block<Traits::kThreads>(p.source, p.heads, block, scratch);
-    cutlass::arch::fence_view_async_shared();
-  } else {
-    wait_for_prior_grids();
-  }
+  wait_for_prior_grids();
   allow_dependent_grids();  // the combine may launch; it waits for this grid before reading
-  // The status publisher (one thread of the first CTA), after the preparation that recorded it.
-  auto publish_if_mine = [&] {
-    if (!publishes_status<Traits>(p)) return;
-    if (early) wait_for_prior_grids();
-    publish_status(p.status);
-  };
-  // Started early, no CTA ends before the preparation has: the combine, and any kernel after the
-  // step, wait only for this grid, and they read what the preparation wrote.
-  auto end_after_preparation = [&] {
-    if (early) wait_for_prior_grids();
-  };
 
   Element* const out = static_cast<Element*>(p.out);
   // Padding rows (t >= qo_indptr[B]): out 0, lse -inf; 4 GEMM threads zero one row's 512 columns.
@@ -235,16 +198,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       zero_padding_block(r);
     }
     if (!plan_segment(cta_plan, block, 0, seg)) {
-      publish_if_mine();
-      return;
-    }
-  } else if (early) {
-    seg.request = span.request;
-    seg.block = span.block;
-    if (span.request == p.batch) {  // padding rows (split 0 only)
-      if (split == 0) zero_padding_block(span.padding_begin + int64_t(span.block) * kRows);
-      publish_if_mine();
-      end_after_preparation();
+      if (publishes_status<Traits>(p)) publish_status(p.status);
       return;
     }
   } else {
@@ -256,7 +210,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     const int row_blocks = planned_row_blocks(schedule, p.heads);
     if (block >= row_blocks) {  // padding rows (split 0 only)
       if (split == 0) zero_padding_block(p.qo_indptr[p.batch] * p.heads + int64_t(block - row_blocks) * kRows);
-      publish_if_mine();
+      if (publishes_status<Traits>(p)) publish_status(p.status);
       return;
     }
   }
@@ -268,24 +222,19 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       const int wg_thread = opaque_if<kPersistent>(static_cast<int>(threadIdx.x)) % 128;
       uint8_t* const smem = smem_raw + opaque_if<kPersistent>(align_pad);
       SharedState& st = *reinterpret_cast<SharedState*>(smem + kStateOffset);
-      const SegmentGeometry g = segment_geometry<Traits, kPersistent>(p, seg, split, span);
-      auto plan_of = [&](auto early_slots) {
-        GatherPlan<Traits, decltype(early_slots)::value> plan;
-        plan.kv = static_cast<const Element*>(p.kv);
-        plan.kv_stride = p.kv_stride;
-        if constexpr (decltype(early_slots)::value) plan.source = key_source(p.source, span);
-        else plan.slots = p.verify_indices + g.kv_lo;
-        plan.kv_map = p.kv_boxes ? &p.kv_map : nullptr;
-        plan.kv_begin = g.kv_begin;
-        plan.kv_end = g.kv_end;
-        plan.num_tiles = g.num_tiles;
-        return plan;
-      };
+      const SegmentGeometry g = segment_geometry<Traits, kPersistent>(p, seg, split);
+      GatherPlan<Traits> plan;
+      plan.kv = static_cast<const Element*>(p.kv);
+      plan.kv_stride = p.kv_stride;
+      plan.slots = p.verify_indices + g.kv_lo;
+      plan.kv_map = p.kv_boxes ? &p.kv_map : nullptr;
+      plan.kv_begin = g.kv_begin;
+      plan.kv_end = g.kv_end;
+      plan.num_tiles = g.num_tiles;
       __syncthreads();  // the previous segment's epilogue is done with shared memory
       if (g.num_tiles > 0) {
-        const uint32_t smem_k = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + Traits::kSmemQ;
-        if (early) gather_segment<Traits>(plan_of(cute::true_type{}), smem_k, st, pairs_done, wg_thread);
-        else gather_segment<Traits>(plan_of(cute::false_type{}), smem_k, st, pairs_done, wg_thread);
+        const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+        gather_segment<Traits>(plan, smem_u32 + Traits::kSmemQ, st, pairs_done, wg_thread);
       }
       pairs_done += (g.num_tiles + 1) / 2;
       if constexpr (!kPersistent) {
@@ -309,11 +258,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     Element* smem_q = reinterpret_cast<Element*>(smem);
     Element* smem_k = reinterpret_cast<Element*>(smem + Traits::kSmemQ);
     SharedState& st = *reinterpret_cast<SharedState*>(smem + kStateOffset);
-    const SegmentGeometry g = segment_geometry<Traits, kPersistent>(p, seg, split, span);
+    const SegmentGeometry g = segment_geometry<Traits, kPersistent>(p, seg, split);
     SegmentKeys keys;
     keys.kv_begin = g.kv_begin;
     keys.num_tiles = g.num_tiles;
-    keys.mask = TreeMask{p.mask_words, p.mask_stride, g.q_lo, p.heads, g.num_draft, g.num_rows, g.kv_len - g.num_draft, early};
+    keys.mask = TreeMask{p.mask_words, p.mask_stride, g.q_lo, p.heads, g.num_draft, g.num_rows, g.kv_len - g.num_draft};
     keys.row0 = g.row0;
     keys.scale_log2 = p.scale_log2;
     const int num_pairs = (g.num_tiles + 1) / 2;
@@ -328,7 +277,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
                              (q_valid ? q_row % p.heads : 0) * p.q_stride_head;
       gather_q<Traits>(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), q_src, q_valid, tid, &st.q_full);
     }
-    if (segment == 0 && !early) publish_if_mine();
+    if (segment == 0 && publishes_status<Traits>(p)) publish_status(p.status);
     if (num_pairs > 0) {
       Barrier::wait(&st.q_full, q_loads & 1);
       ++q_loads;
@@ -395,8 +344,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       if (!plan_segment(s_cta_plan, block, segment + 1, seg)) break;
     }
   }
-  if (early) publish_if_mine();  // after the epilogue: the preparation has long finished
-  end_after_preparation();
   const int warpgroup = threadIdx.x / 128;
   wait_clock(*reinterpret_cast<SharedState*>(smem_base + kStateOffset), warpgroup, threadIdx.x % 128).print(warpgroup);
 }

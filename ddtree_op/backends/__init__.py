@@ -56,8 +56,6 @@ class Backend:
     # run takes the status (status=) and its kernel publishes it in every launch over at least one
     # row (what the preparation before it left: cutlass_kernels/status.cuh)
     publishes_status: bool = False
-    # run takes the raw batch the preparation just read (sources=), to start before it finishes
-    reads_sources: bool = False
 
 
 def _needs_cuda(name: str) -> Callable[[torch.device], str | None]:
@@ -108,8 +106,7 @@ REGISTRY: dict[str, Backend] = {
     "reference": Backend("reference", lambda device: None, _always, _always, reference.tree_attention_reference),
     "triton": Backend("triton", _needs_cuda("triton"), lambda device: device.type == "cuda", _always, triton.run,
                       publishes_status=True),
-    "sm90": Backend("sm90", _sm90_unavailable, _sm90_auto, sm90.accepts, sm90.run, reads_plan=True, publishes_status=True,
-                    reads_sources=True),
+    "sm90": Backend("sm90", _sm90_unavailable, _sm90_auto, sm90.accepts, sm90.run, reads_plan=True, publishes_status=True),
 }
 
 
@@ -162,9 +159,8 @@ def plan_schedule(device: torch.device, num_tokens: int, heads: int, batch: int,
 
 
 def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend,
-                       kv_scale=None, kv_scale_value=1.0, plan=None, status=None, sources=None) -> bool:
-    """Runs the chosen backend; returns whether its launch published `status` (else the caller does).
-    `sources`: the raw indices of the preparation launched just before (ops.tree_verify_into)."""
+                       kv_scale=None, kv_scale_value=1.0, plan=None, status=None) -> bool:
+    """Runs the chosen backend; returns whether its launch published `status` (else the caller does)."""
     if kv_cache.dtype == torch.uint8:  # the bytes of an e4m3 cache, as SGLang stores it
         kv_cache = kv_cache.view(torch.float8_e4m3fn)
     inputs = input_class(q, kv_cache, out)
@@ -178,8 +174,6 @@ def run_tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, ma
     extra = dict(kv_scale=kv_scale, kv_scale_value=kv_scale_value) if fp8 else {}
     if chosen.reads_plan:
         extra["plan"] = plan
-    if chosen.reads_sources and sources is not None:
-        extra["sources"] = sources
     published = status is not None and chosen.publishes_status and q.shape[0] > 0
     if published:
         extra["status"] = status

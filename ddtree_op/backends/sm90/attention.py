@@ -27,16 +27,12 @@ def make_plan(qo_indptr, verify_indptr, num_tokens: int, heads: int, ctas: int, 
 
 
 def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, num_splits=None,
-                        schedule=None, ctas=None, plan=None, status=None, sources=None):
+                        schedule=None, ctas=None, plan=None, status=None):
     """schedule: None (chosen from shapes), "split" or "persistent" (over `ctas` CTAs, by default one
     per SM). num_splits: key splits per row block (default: from shapes). plan: the preparation's
     schedule plan (prepare_verify's, made for plan_shape), or None. status: published by the
     kernel's first CTA (what prepare_verify with publish_status=False left in it), where q has
-    rows; with none the kernel is not launched and the caller publishes. sources: the raw
-    (qo_indptr, kv_indptr, kv_indices, out_cache_loc) that the preparation launched just before
-    on this stream read, contiguous: the split kernel then starts while the preparation runs
-    (cutlass_kernels/sm90/early_schedule.cuh). Only the verify step's op passes them, since
-    nothing else may run between the two launches."""
+    rows; with none the kernel is not launched and the caller publishes."""
     build.load_library("sm90")
     num_tokens, heads = q.shape[0], q.shape[1]
     if num_tokens == 0:
@@ -73,7 +69,7 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
     else:
         part_out = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
     torch.ops.ddtree_sm90.tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out,
-                                         lse, part_out, part_lse, num_splits, 0, plan, status, *(sources or ()))
+                                         lse, part_out, part_lse, num_splits, 0, plan, status)
     if num_splits > 1:
         from ..lse_merge import combine_splits
 
