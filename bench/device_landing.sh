@@ -3,7 +3,8 @@
 # test files; bench.parallel_tests, TEST_S seconds), then the whole step against FlashMLA on the
 # grid (bench.verify, with the preparation), the status's cost (bench/time_status.py) and the
 # preparation against an older tree in .snap/old (bench.time_prepare, e.g. 8e904e0, the last
-# before the bounds checks: bench/snapshot_trees.sh old=8e904e0).
+# before the bounds checks: bench/snapshot_trees.sh old=8e904e0); COSTS=0 leaves out those two.
+# GRID_S: seconds for the grid (default 150).
 #   run(command="bash bench/device_landing.sh", carry=[".whl", ".snap"])
 # Writes $OUT/landing.tgz: gpu_tests.log, grid_step.json, status_cost_grid.log, prep_main.log,
 # prep_old.log, build logs, the tests' logs.
@@ -27,8 +28,13 @@ tests=${TESTS:-tests/test_bounds_safety.py tests/test_bounds_args.py tests/test_
   tests/test_gpu_attention.py tests/test_fp8.py}
 python3 -m bench.parallel_tests --processes ${PROCESSES:-12} --timeout ${TEST_S:-200} --log-dir /tmp/tests $tests > $R/gpu_tests.log 2>&1
 echo "tests rc $? at $SECONDS s"; tail -n 3 $R/gpu_tests.log
-timeout 150 python3 -m bench.verify --cases grid --backends sm90,flashmla --out /tmp/r_step 2>&1 | grep -E "^NVIDIA|wrote"
+timeout ${GRID_S:-150} python3 -m bench.verify --cases grid --backends sm90,flashmla --out /tmp/r_step 2>&1 | grep -E "^NVIDIA|wrote"
 cp /tmp/r_step/results.json $R/grid_step.json 2>/dev/null; echo "step grid at $SECONDS s"
+python3 -m bench.step_variants /tmp/r_step/results.json per_layer --small-floor 5 2>&1 | tee $R/per_layer_summary.txt
+if [ "${COSTS:-1}" = 0 ]; then
+  [ -d /tmp/tests ] && tar czf $R/test_logs.tgz -C /tmp tests
+  tar czf $OUT/landing.tgz -C $R .; echo "done at $SECONDS s"; exit 0
+fi
 names=$(python3 -c "from bench.cases import grid_cases; print(','.join(c.name for c in grid_cases()))")
 timeout 150 python3 bench/time_status.py "$names" --backend sm90 > $R/status_cost_grid.log 2>&1; tail -n 1 $R/status_cost_grid.log
 timeout 60 python3 -m bench.time_prepare grid > $R/prep_main.log 2>&1; tail -n 1 $R/prep_main.log

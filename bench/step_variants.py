@@ -1,5 +1,5 @@
 """A whole-step variant against the default step, from one bench.verify run that timed both
-(--plain-step: the two in turns in one process):
+(--plain-step; per_layer, a forward of prepared layers; columns in turns in one process):
 
   python -m bench.step_variants results.json step_plain [--backend sm90] [--small-floor 5]
 
@@ -20,7 +20,7 @@ from bench.cases import geomean
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path)
-    parser.add_argument("variant", help="column prefix, e.g. step_plain")
+    parser.add_argument("variant", help="column prefix: step_plain or per_layer")
     parser.add_argument("--backend", default="sm90")
     parser.add_argument("--small-floor", type=float, default=0.0, help="list only shapes whose floor is below this (us)")
     args = parser.parse_args(argv)

@@ -4,6 +4,9 @@ For each shape and backend: median time over CUDA-graph replays, each replay run
 several input sets in turn so the L2 cache does not hold them; TFLOP/s, TB/s, fraction of speed
 of light (ceilings measured in the same run) and speed-up over the SGLang-style baseline. Also
 times the index builder alone, the mask conversion alone and the whole verify step in one graph.
+With the preparation timed, also `per_layer[BACKEND]`: a model forward's time per layer, one
+preparation and MODEL_LAYERS attentions over it (`prepare_tree_verify`, then
+`mla_tree_verify_prepared` per layer, as a serving engine runs a verify step).
 Writes results.json, then bench/report.py renders the table, the plot and the summary from it.
 """
 
@@ -22,13 +25,14 @@ import torch
 
 from bench.cases import Case, all_cases, grid_cases, ragged_cases, ragged_pair_cases, serving_cases
 from bench.report import PREP_OP_PREFIXES, PREP_PREFIXES, write_report
-from ddtree_op import mla_tree_verify, ops
+from ddtree_op import mla_tree_verify, mla_tree_verify_prepared, ops, prepare_tree_verify
 from ddtree_op.api import new_plan
 from ddtree_op.checks import kv_rows
 from ddtree_op.synthetic import make_verify_batch
 
 L2_BYTES = 60 * 2**20
 FLASHMLA_PAGE = 64
+MODEL_LAYERS = 61  # DeepSeek-V3's attention layers, all MLA: one verify step prepares once for all
 
 
 def flashmla_available() -> bool:
@@ -141,11 +145,11 @@ class Inputs:
         self.rows = vb.q.shape[0]
         self.words = math.ceil(self.max_draft / 64)
         self.kv_rows = kv_rows(vb.kv_cache)
-        # The step's preparation, once: the attention alone reads its indices, mask words and schedule
-        # plan (without a plan the sm90 backend would time a plan launch of its own); prepare()
-        # rewrites the plan.
+        # The step's preparation, once: the attention alone runs over it (mla_tree_verify_prepared,
+        # a layer of a prepared step); prepare() rewrites the plan.
         self.plan = new_plan(vb.q, vb.qo_indptr)
         self.verify_indptr, self.verify_indices, self.mask_words, _ = ops.prepare_verify(*self._prepare_args())
+        self.prepared = self.prepare_step()
         self.out = torch.empty(self.rows, case.heads, 512, device="cuda", dtype=vb.q.dtype)
         self.lse = torch.empty(self.rows, case.heads, device="cuda")
 
@@ -156,8 +160,20 @@ class Inputs:
 
             return lambda: tree_attention_triton(vb.q, self.kv_rows, vb.qo_indptr, self.verify_indptr, self.verify_indices,
                                                  self.mask_words, vb.sm_scale, self.out, self.lse, **triton_config)
-        return lambda: ops.tree_attention_into(vb.q, self.kv_rows, vb.qo_indptr, self.verify_indptr, self.verify_indices,
-                                               self.mask_words, vb.sm_scale, self.out, self.lse, backend, plan=self.plan)
+        return lambda: self.attend_over(self.prepared, backend)
+
+    def prepare_step(self):
+        """This set's step prepared for its layers (prepare_tree_verify)."""
+        vb = self.vb
+        kwargs = vb.kwargs()
+        del kwargs["sm_scale"]
+        return prepare_tree_verify(vb.q, vb.kv_cache, **kwargs, max_draft_len=self.max_draft)
+
+    def attend_over(self, prepared, backend: str):
+        """One layer's attention, with this set's q and KV pool, over a prepared step."""
+        vb = self.vb
+        return mla_tree_verify_prepared(vb.q, vb.kv_cache, prepared, sm_scale=vb.sm_scale, out=self.out, lse=self.lse,
+                                        backend=backend)
 
     def whole_step(self, backend: str):
         vb = self.vb
@@ -227,20 +243,16 @@ class Inputs:
         return self._paged
 
     def paged_attention(self, backend: str):
-        """The attention op alone over the paged batch's slot lists (prepared once, as for the
-        slot backends): the kernel on FlashMLA's pages, beside FlashMLA itself."""
-        from ddtree_op.api import mask_words_per_row
-        from ddtree_op.paged import _check_paged_shapes, prepare_paged
+        """The attention alone over the paged batch, prepared once (prepare_tree_verify_paged), as
+        for the slot backends: the kernel on FlashMLA's pages, beside FlashMLA itself."""
+        from ddtree_op import prepare_tree_verify_paged
 
         pb = self.paged_batch()
-        pool = _check_paged_shapes(pb.q, pb.kv_cache, pb.block_table, pb.cache_seqlens, pb.qo_indptr)  # the pages' rows
-        words = mask_words_per_row(pb.tree_mask, pb.mask_layout, self.rows, self.max_draft)
-        plan = new_plan(pb.q, pb.qo_indptr)  # made once here, as the paged entry point's preparation makes it
-        verify_indptr, verify_indices, mask_words, qo = prepare_paged(
-            pb.block_table, pb.cache_seqlens, pb.qo_indptr, pb.tree_mask, pb.mask_indptr, pb.mask_layout, pb.kv_cache.shape[1],
-            pb.kv_cache.shape[0], pb.q.shape[0], words, self.max_draft, plan=plan, heads=pb.q.shape[1])
-        return lambda: ops.tree_attention_into(pb.q, pool, qo, verify_indptr, verify_indices, mask_words, pb.sm_scale, self.out,
-                                               self.lse, backend, plan=plan)
+        kwargs = pb.kwargs()
+        del kwargs["sm_scale"], kwargs["kv_scale"]
+        prepared = prepare_tree_verify_paged(pb.q, pb.kv_cache, **kwargs, max_draft_len=self.max_draft)
+        return lambda: mla_tree_verify_prepared(pb.q, pb.kv_cache, prepared, sm_scale=pb.sm_scale, out=self.out, lse=self.lse,
+                                                kv_scale=pb.kv_scale, backend=backend)
 
     def paged_step(self, backend: str):
         import ddtree_op
@@ -275,6 +287,26 @@ def parse_triton_configs(text: str | None) -> dict[str, dict]:
         configs[f"triton[{bm}x{bn}w{w}s{s}" + (f"v{parts}]" if parts > 1 else "]")] = dict(
             block_m=bm, block_n=bn, num_warps=w, num_stages=s, dv_parts=parts)
     return configs
+
+
+def forward_launches(inputs: list[Inputs], backend: str, layers: int = MODEL_LAYERS) -> list:
+    """One model forward per input set i, `layers` launches each (so that a launch's time is a
+    layer's): the first prepares set i's step and runs layer 0 over it, each later one runs one
+    layer over that preparation. Layer l reads the q and KV pool of set (i + l) % len(inputs)
+    (same shapes, other values), so consecutive layers do not share their keys in L2, as the
+    layers of a model do not."""
+    launches = []
+    for i, first in enumerate(inputs):
+        step = {}
+
+        def prepare_and_attend(first=first, step=step):
+            step["prepared"] = first.prepare_step()
+            first.attend_over(step["prepared"], backend)
+
+        launches.append(prepare_and_attend)
+        for layer in range(1, layers):
+            launches.append(lambda own=inputs[(i + layer) % len(inputs)], step=step: own.attend_over(step["prepared"], backend))
+    return launches
 
 
 def input_set_count(case: Case) -> int:
@@ -312,6 +344,7 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
     if with_prep:
         for b in step_candidates:
             columns[f"step[{b}]"] = [i.whole_step(b) for i in inputs]
+            columns[f"per_layer[{b}]"] = forward_launches(inputs, b)
             if plain_step:
                 columns[f"step_plain[{b}]"] = [i.plain_step(b) for i in inputs]
         columns["index_build"] = [i.index_build() for i in inputs]
@@ -322,7 +355,7 @@ def bench_case(case: Case, backends: list[str], triton_configs: dict, ceilings: 
         best = min(step_candidates, key=lambda b: timings[b])
         for b in step_candidates:
             if b != best:
-                del timings[f"step[{b}]"]
+                del timings[f"step[{b}]"], timings[f"per_layer[{b}]"]
                 timings.pop(f"step_plain[{b}]", None)
     if floor * 1e6 < REFERENCE_MAX_FLOOR_US:
         timings["reference(eager)"] = time_eager(inputs[0].attention("reference"))

@@ -1,12 +1,17 @@
-"""`mla_tree_verify`: the public verify step (combined indices, compact mask, attention)."""
+"""The public verify step over a token-slot pool: `mla_tree_verify` (preparation and attention in
+one call), and its two halves for a model whose layers share one batch: `prepare_tree_verify`
+once per step, `mla_tree_verify_prepared` once per layer."""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from . import ops
 from .environment import CHECK_ENV, flag
-from .checks import check_kv_scale, check_verify_inputs, check_verify_shapes, kv_rows
+from .checks import (_fail, check_attention_arguments, check_index_arguments, check_index_values, check_kv_scale,
+                     check_query_and_cache, check_status_argument, check_verify_inputs, check_verify_shapes, kv_rows)
 from .contract import LATENT_DIM, PACKED_MASK_BITS, plan_numel
 
 
@@ -80,20 +85,125 @@ def mla_tree_verify(
             out=out, lse=lse, max_draft_len=max_draft_len,
         )
     check_kv_scale(kv_cache, kv_scale, q.device)
-    rows = kv_rows(kv_cache)
-    num_rows = q.shape[0]
-    words = mask_words_per_row(tree_mask, mask_layout, num_rows, max_draft_len)
-    # The attention op reads the sanitized qo_indptr the preparation returns, never the raw one,
-    # and the schedule plan it makes in the same launch; it publishes the status the preparation
-    # recorded (status.py).
-    plan = new_plan(q, qo_indptr)
-    verify_indptr, verify_indices, mask_words, qo_indptr = ops.prepare_verify(
-        qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout, num_rows, words,
-        rows.shape[0], max_draft_len or 0, status, plan, q.shape[1], publish_status=False,
-    )
-    return attend(q, rows, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend, kv_scale, plan,
+    # The attention launch publishes the status the preparation recorded (status.py).
+    prepared = _prepare(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout,
+                        max_draft_len, status, publish_status=False)
+    return attend(q, kv_rows(kv_cache), *prepared.attention_inputs(), sm_scale, out, lse, backend, kv_scale, prepared.plan,
                   status)
 
+
+class PreparedVerify(NamedTuple):
+    """One verify step's preparation (`prepare_tree_verify`, `prepare_tree_verify_paged`): the
+    combined indices, the compact mask and the schedule plan of the sanitized batch, valid for
+    every layer's attention over that batch (`mla_tree_verify_prepared`) until its index tensors
+    change. `num_tokens`, `heads` and `num_slots` are the shapes it was made for; `page_size` is
+    0 for a token-slot pool, else the page size of the paged cache."""
+
+    qo_indptr: torch.Tensor  # sanitized, int32 [B+1]
+    verify_indptr: torch.Tensor
+    verify_indices: torch.Tensor
+    mask_words: torch.Tensor
+    plan: torch.Tensor
+    num_tokens: int
+    heads: int
+    num_slots: int
+    page_size: int = 0
+
+    def attention_inputs(self):
+        """(qo_indptr, verify_indptr, verify_indices, mask_words), as the attention op takes them."""
+        return self.qo_indptr, self.verify_indptr, self.verify_indices, self.mask_words
+
+
+def _prepare(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout, max_draft_len,
+             status, publish_status):
+    """The preparation launch (after the shape checks) for q's rows and heads and kv_cache's slots."""
+    num_rows, heads, num_slots = q.shape[0], q.shape[1], kv_rows(kv_cache).shape[0]
+    words = mask_words_per_row(tree_mask, mask_layout, num_rows, max_draft_len)
+    # The attention op reads the sanitized qo_indptr the preparation returns, never the raw one,
+    # and the schedule plan made in the same launch.
+    plan = new_plan(q, qo_indptr)
+    verify_indptr, verify_indices, mask_words, qo_sanitized = ops.prepare_verify(
+        qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout, num_rows, words, num_slots,
+        max_draft_len or 0, status, plan, heads, publish_status=publish_status,
+    )
+    return PreparedVerify(qo_sanitized, verify_indptr, verify_indices, mask_words, plan, num_rows, heads, num_slots)
+
+
+def prepare_tree_verify(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    *,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    tree_mask: torch.Tensor,
+    mask_indptr: torch.Tensor | None = None,
+    mask_layout: str = "full",
+    max_draft_len: int | None = None,
+    status: torch.Tensor | None = None,
+) -> PreparedVerify:
+    """The first half of `mla_tree_verify`, once per verify step: validates and sanitizes the
+    batch's indices and tree mask and makes the schedule plan (one launch on CUDA, device-only).
+
+    Every layer of a model attends over the same batch (same slots, same trees): prepare once,
+    then call `mla_tree_verify_prepared` with each layer's q and KV pool. q and kv_cache may be
+    any layer's: only their shapes, dtypes and device are read. Arguments as in
+    `mla_tree_verify`. This call publishes `status` (the attention calls take none), so
+    `raise_on_status(status)` may read it after any of them.
+    """
+    check_query_and_cache(q, kv_cache)
+    check_index_arguments(q, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout, max_draft_len)
+    if status is not None:
+        check_status_argument(status, q.device)
+    if _eager_checks_enabled():
+        check_index_values(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout,
+                           max_draft_len)
+    return _prepare(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout,
+                    max_draft_len, status, publish_status=True)
+
+
+def mla_tree_verify_prepared(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    prepared: PreparedVerify,
+    *,
+    sm_scale: float,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    kv_scale: float | torch.Tensor | None = None,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The second half of `mla_tree_verify`: one layer's attention over a prepared step.
+
+    q [T_pad, H, 576] and kv_cache of the shapes `prepared` was made for (a token-slot pool
+    [S, (1,) 576]; after `prepare_tree_verify_paged`, the paged cache [num_pages, page_size,
+    (1,) 576]); sm_scale, out, lse, kv_scale and backend as in `mla_tree_verify`, whose result
+    this is, bit for bit. Returns (out, lse).
+    """
+    if not isinstance(prepared, PreparedVerify):
+        _fail("prepared", "a PreparedVerify (ddtree_op.prepare_tree_verify)", type(prepared).__name__)
+    if prepared.page_size:
+        from .paged import paged_pool_rows
+
+        rows = paged_pool_rows(kv_cache)
+        if kv_cache.shape[1] != prepared.page_size:
+            _fail("kv_cache", f"pages of {prepared.page_size} rows (the cache the step was prepared for)",
+                  f"shape {tuple(kv_cache.shape)}")
+    else:
+        rows = kv_cache
+    check_query_and_cache(q, rows)
+    rows = kv_rows(rows)
+    if tuple(q.shape[:2]) != (prepared.num_tokens, prepared.heads):
+        _fail("q", f"[{prepared.num_tokens}, {prepared.heads}, 576] (the rows and heads the step was prepared for)",
+              f"shape {tuple(q.shape)}")
+    if rows.shape[0] != prepared.num_slots:
+        _fail("kv_cache", f"a pool of {prepared.num_slots} slots (the pool the step was prepared for)", f"{rows.shape[0]} slots")
+    if prepared.verify_indices.device != q.device:
+        _fail("prepared", f"made on {q.device} (the device of q)", str(prepared.verify_indices.device))
+    check_attention_arguments(q, sm_scale, out, lse)
+    check_kv_scale(kv_cache, kv_scale, q.device)
+    return attend(q, rows, *prepared.attention_inputs(), sm_scale, out, lse, backend, kv_scale, prepared.plan)
 
 def new_plan(q, qo_indptr):
     """The buffer of the schedule plan that prepare_verify writes (its size from shapes only)."""

@@ -66,6 +66,16 @@ def check_verify_shapes(
     max_draft_len=None,
     status=None,
 ) -> None:
+    """Every check of `mla_tree_verify` that reads no index value."""
+    check_query_and_cache(q, kv_cache)
+    check_index_arguments(q, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout, max_draft_len)
+    check_attention_arguments(q, sm_scale, out, lse)
+    if status is not None:
+        check_status_argument(status, q.device)
+
+
+def check_query_and_cache(q, kv_cache) -> None:
+    """q [T, H, 576] and a token-slot pool [S, (1,) 576] on its device."""
     _check_tensor("q", q, ndim=3, dtypes=ATTENTION_DTYPES)
     dev = q.device
     if q.shape[-1] != QK_DIM or q.shape[1] == 0:
@@ -82,6 +92,11 @@ def check_verify_shapes(
     if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) < QK_DIM):
         _fail("kv_cache", f"contiguous in its last dimension with row stride >= {QK_DIM}", f"strides {kv_cache.stride()}")
 
+
+def check_index_arguments(q, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout,
+                          max_draft_len) -> None:
+    """The index tensors, the mask and max_draft_len: dtypes, sizes and the device of q."""
+    dev = q.device
     for name, t in (("qo_indptr", qo_indptr), ("kv_indptr", kv_indptr), ("kv_indices", kv_indices), ("out_cache_loc", out_cache_loc)):
         _check_tensor(name, t, ndim=1, dtypes=INDEX_DTYPES, device=dev)
     if qo_indptr.numel() < 1:
@@ -112,17 +127,21 @@ def check_verify_shapes(
         if mask_indptr.numel() < batch + 1:
             _fail("mask_indptr", f"of length >= B+1 = {batch + 1}", f"length {mask_indptr.numel()}")
 
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (float, int)) or not math.isfinite(sm_scale):
-        _fail("sm_scale", "a finite float", repr(sm_scale))
-    if abs(sm_scale) > MAX_ABS_SM_SCALE:
-        _fail("sm_scale", f"at most {MAX_ABS_SM_SCALE:.3g} in magnitude (larger scales overflow float32 logits to "
-              "inf - inf = NaN)", repr(sm_scale))
     if kv_indices.numel() + out_cache_loc.numel() >= INDEX_LIMIT:
         _fail("kv_indices", f"shorter than {INDEX_LIMIT} entries together with out_cache_loc (verify indices are int32)",
               f"{kv_indices.numel()} + {out_cache_loc.numel()}")
     if max_draft_len is not None and (not isinstance(max_draft_len, int) or max_draft_len < 1):
         _fail("max_draft_len", "a positive int or None", repr(max_draft_len))
 
+
+def check_attention_arguments(q, sm_scale, out=None, lse=None) -> None:
+    """sm_scale and the optional out / lse buffers of an attention over q."""
+    dev = q.device
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (float, int)) or not math.isfinite(sm_scale):
+        _fail("sm_scale", "a finite float", repr(sm_scale))
+    if abs(sm_scale) > MAX_ABS_SM_SCALE:
+        _fail("sm_scale", f"at most {MAX_ABS_SM_SCALE:.3g} in magnitude (larger scales overflow float32 logits to "
+              "inf - inf = NaN)", repr(sm_scale))
     tokens, heads = q.shape[0], q.shape[1]
     if out is not None:
         _check_tensor("out", out, ndim=3, dtypes=(q.dtype,), device=dev)
@@ -134,8 +153,6 @@ def check_verify_shapes(
         _check_tensor("lse", lse, ndim=2, dtypes=(torch.float32,), device=dev)
         if tuple(lse.shape) != (tokens, heads):
             _fail("lse", f"of shape {(tokens, heads)}", f"shape {tuple(lse.shape)}")
-    if status is not None:
-        check_status_argument(status, dev)
 
 
 def check_kv_scale(kv_cache, kv_scale, device) -> None:
@@ -175,6 +192,13 @@ def check_verify_inputs(
     the CUDA launch) run with a status on the device of q, then `raise_on_status`: an eager call
     and a status read after a captured step raise the same error."""
     check_verify_shapes(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, sm_scale, mask_layout, out, lse, max_draft_len)
+    check_index_values(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout,
+                       max_draft_len)
+
+
+def check_index_values(q, kv_cache, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout,
+                       max_draft_len) -> None:
+    """The checks of `check_verify_inputs` that read index values (after its shape checks)."""
     from .api import mask_words_per_row
     from .prep import prepare_verify_checked
 

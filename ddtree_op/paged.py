@@ -22,8 +22,9 @@ from __future__ import annotations
 import torch
 
 from . import ops
-from .api import _eager_checks_enabled, attend, mask_words_per_row, new_plan
-from .checks import INDEX_DTYPES, INDEX_LIMIT, _fail, check_kv_scale, check_verify_inputs, check_verify_shapes
+from .api import PreparedVerify, _eager_checks_enabled, attend, mask_words_per_row, new_plan
+from .checks import (INDEX_DTYPES, INDEX_LIMIT, _fail, check_index_arguments, check_kv_scale, check_query_and_cache,
+                     check_status_argument, check_verify_inputs, check_verify_shapes)
 from .contract import QK_DIM
 
 
@@ -51,18 +52,8 @@ def _check_paged_shapes(q, kv_cache, block_table, cache_seqlens, qo_indptr):
     if not isinstance(q, torch.Tensor):
         _fail("q", "a torch.Tensor", type(q).__name__)
     dev = q.device
-    if not isinstance(kv_cache, torch.Tensor):
-        _fail("kv_cache", "a torch.Tensor", type(kv_cache).__name__)
-    if kv_cache.dim() not in (3, 4) or kv_cache.shape[-1] != QK_DIM or (kv_cache.dim() == 4 and kv_cache.shape[2] != 1):
-        _fail("kv_cache", f"[num_pages, page_size, 1, {QK_DIM}] or [num_pages, page_size, {QK_DIM}]", f"shape {tuple(kv_cache.shape)}")
-    pages = kv_cache.select(2, 0) if kv_cache.dim() == 4 else kv_cache
-    num_pages, page_size = pages.shape[0], pages.shape[1]
-    if page_size % 16 != 0 or page_size == 0:
-        _fail("kv_cache", "pages of a multiple of 16 rows (page_size 64 is the fast path)", f"page_size {page_size}")
-    # One pool of num_pages * page_size rows: pages one after the other, rows at one stride.
-    if pages.stride(-1) != 1 or (num_pages > 1 and pages.stride(0) != page_size * pages.stride(1)):
-        _fail("kv_cache", "pages stored one after the other (page stride = page_size x row stride), rows contiguous",
-              f"strides {tuple(kv_cache.stride())}")
+    rows = paged_pool_rows(kv_cache)
+    num_pages, page_size = kv_cache.shape[0], kv_cache.shape[1]
     for name, t in (("block_table", block_table), ("cache_seqlens", cache_seqlens)):
         if not isinstance(t, torch.Tensor):
             _fail(name, "a torch.Tensor", type(t).__name__)
@@ -77,6 +68,24 @@ def _check_paged_shapes(q, kv_cache, block_table, cache_seqlens, qo_indptr):
         _fail("cache_seqlens", f"of length >= B = {batch} (from qo_indptr)", f"shape {tuple(cache_seqlens.shape)}")
     if num_pages * page_size > INDEX_LIMIT or paged_verify_len(batch, block_table.shape[1], page_size, q.shape[0]) > INDEX_LIMIT:
         _fail("block_table", f"small enough for 32-bit positions (B x max_pages x page_size < 2^31)", f"shape {tuple(block_table.shape)}")
+    return rows
+
+
+def paged_pool_rows(kv_cache):
+    """The pool view [num_pages * page_size, 576] of a paged cache (never a copy), after checking
+    its shape and strides."""
+    if not isinstance(kv_cache, torch.Tensor):
+        _fail("kv_cache", "a torch.Tensor", type(kv_cache).__name__)
+    if kv_cache.dim() not in (3, 4) or kv_cache.shape[-1] != QK_DIM or (kv_cache.dim() == 4 and kv_cache.shape[2] != 1):
+        _fail("kv_cache", f"[num_pages, page_size, 1, {QK_DIM}] or [num_pages, page_size, {QK_DIM}]", f"shape {tuple(kv_cache.shape)}")
+    pages = kv_cache.select(2, 0) if kv_cache.dim() == 4 else kv_cache
+    num_pages, page_size = pages.shape[0], pages.shape[1]
+    if page_size % 16 != 0 or page_size == 0:
+        _fail("kv_cache", "pages of a multiple of 16 rows (page_size 64 is the fast path)", f"page_size {page_size}")
+    # One pool of num_pages * page_size rows: pages one after the other, rows at one stride.
+    if pages.stride(-1) != 1 or (num_pages > 1 and pages.stride(0) != page_size * pages.stride(1)):
+        _fail("kv_cache", "pages stored one after the other (page stride = page_size x row stride), rows contiguous",
+              f"strides {tuple(kv_cache.stride())}")
     return pages.flatten(0, 1)  # a view: the strides were checked above
 
 
@@ -166,11 +175,49 @@ def mla_tree_verify_paged(
         check_paged_inputs(q, kv_cache, block_table=block_table, cache_seqlens=cache_seqlens, qo_indptr=qo_indptr,
                            tree_mask=tree_mask, mask_indptr=mask_indptr, sm_scale=sm_scale, mask_layout=mask_layout, out=out,
                            lse=lse, kv_scale=kv_scale, max_draft_len=max_draft_len)
-    num_rows = q.shape[0]
+    prepared = _prepare_paged(q, kv_cache, block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr, mask_layout,
+                              max_draft_len, status, publish_status=False)
+    return attend(q, rows, *prepared.attention_inputs(), sm_scale, out, lse, backend, kv_scale, prepared.plan, status)
+
+
+def _prepare_paged(q, kv_cache, block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr, mask_layout, max_draft_len,
+                   status, publish_status):
+    """The paged preparation (after the shape checks) for q's rows and heads."""
+    num_rows, heads, page_size, num_pages = q.shape[0], q.shape[1], kv_cache.shape[1], kv_cache.shape[0]
     words = mask_words_per_row(tree_mask, mask_layout, num_rows, max_draft_len)
     plan = new_plan(q, qo_indptr)
     verify_indptr, verify_indices, mask_words, qo_sanitized = prepare_paged(
-        block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr, mask_layout, kv_cache.shape[1], kv_cache.shape[0],
-        num_rows, words, max_draft_len or 0, status, plan, q.shape[1], publish_status=False)
-    return attend(q, rows, qo_sanitized, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, backend, kv_scale,
-                  plan, status)
+        block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr, mask_layout, page_size, num_pages, num_rows, words,
+        max_draft_len or 0, status, plan, heads, publish_status=publish_status)
+    return PreparedVerify(qo_sanitized, verify_indptr, verify_indices, mask_words, plan, num_rows, heads,
+                          num_pages * page_size, page_size)
+
+
+def prepare_tree_verify_paged(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    *,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    tree_mask: torch.Tensor,
+    mask_indptr: torch.Tensor | None = None,
+    mask_layout: str = "full",
+    max_draft_len: int | None = None,
+    status: torch.Tensor | None = None,
+) -> PreparedVerify:
+    """`prepare_tree_verify` for a paged cache: the first half of `mla_tree_verify_paged`, once
+    per verify step, then `mla_tree_verify_prepared` with each layer's q and paged cache. q and
+    kv_cache may be any layer's (their shapes, dtypes and device are read); arguments as in
+    `mla_tree_verify_paged`. This call publishes `status`."""
+    rows = _check_paged_shapes(q, kv_cache, block_table, cache_seqlens, qo_indptr)
+    check_query_and_cache(q, rows)
+    check_index_arguments(q, qo_indptr, qo_indptr, qo_indptr, qo_indptr, tree_mask, mask_indptr, mask_layout, max_draft_len)
+    if status is not None:
+        check_status_argument(status, q.device)
+    if _eager_checks_enabled():
+        check_paged_inputs(q, kv_cache, block_table=block_table, cache_seqlens=cache_seqlens, qo_indptr=qo_indptr,
+                           tree_mask=tree_mask, mask_indptr=mask_indptr, sm_scale=1.0, mask_layout=mask_layout,
+                           max_draft_len=max_draft_len)  # sm_scale: any valid one (each layer's call checks its own)
+    return _prepare_paged(q, kv_cache, block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr, mask_layout,
+                          max_draft_len, status, publish_status=True)

@@ -18,9 +18,11 @@ calls this from SGLang's `TritonAttnBackend.forward_extend`.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from ddtree_op import mla_tree_verify
+from ddtree_op import PreparedVerify, mla_tree_verify, mla_tree_verify_prepared, prepare_tree_verify
 from ddtree_op.contract import LATENT_DIM, QK_DIM
 from ddtree_op.status import rename_arguments
 
@@ -56,6 +58,29 @@ def _check_same_rows(k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> None:
         )
 
 
+def prepare_target_verify(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    *,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    custom_mask: torch.Tensor,
+    mask_indptr: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    num_draft_tokens: int | None = None,
+    status: torch.Tensor | None = None,
+) -> PreparedVerify:
+    """The verify step's preparation on SGLang's buffers, once per forward: every layer then calls
+    `target_verify_forward(..., prepared=)` (its index arguments are then not read). q and
+    k_buffer may be any layer's (their shapes are read). `status` is published here."""
+    q = _heads_view(q)
+    with _adapter_names():
+        return prepare_tree_verify(q, k_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                                   out_cache_loc=out_cache_loc, tree_mask=custom_mask, mask_indptr=mask_indptr,
+                                   mask_layout="full", max_draft_len=num_draft_tokens, status=status)
+
+
 def target_verify_forward(
     q: torch.Tensor,
     k_buffer: torch.Tensor,
@@ -72,6 +97,7 @@ def target_verify_forward(
     o: torch.Tensor | None = None,
     backend: str = "auto",
     status: torch.Tensor | None = None,
+    prepared: PreparedVerify | None = None,
 ) -> torch.Tensor:
     """Tree-masked MLA verify attention on SGLang's buffers; returns o `[T, H * 512]`.
 
@@ -81,14 +107,11 @@ def target_verify_forward(
 
     `num_draft_tokens` (SGLang's `speculative_num_draft_tokens`, static) bounds the drafts per
     request and keeps the compact mask small. `o`, when given, is written in place (SGLang's
-    `[T, H * 512]` output buffer, contiguous).
+    `[T, H * 512]` output buffer, contiguous). `prepared` (from `prepare_target_verify` for this
+    forward's batch): only the attention runs, over it; the index arguments and `status` are not
+    read.
     """
-    if q.dim() not in (2, 3) or (q.dim() == 2 and q.shape[-1] % QK_DIM):
-        raise ValueError(f"ddtree_op: argument 'q' must be [T, H*{QK_DIM}] or [T, H, {QK_DIM}], got shape {tuple(q.shape)}")
-    if q.dim() == 2:
-        if q.shape[-1] % QK_DIM:
-            raise ValueError(f"ddtree_op: argument 'q' must be [T, H*{QK_DIM}] or [T, H, {QK_DIM}], got shape {tuple(q.shape)}")
-        q = q.view(q.shape[0], -1, QK_DIM)
+    q = _heads_view(q)
     if v_buffer is not None:
         _check_same_rows(k_buffer, v_buffer)
     tokens, heads = q.shape[0], q.shape[1]
@@ -97,32 +120,31 @@ def target_verify_forward(
     elif tuple(o.shape) != (tokens, heads * LATENT_DIM) or not o.is_contiguous() or o.dtype != q.dtype:
         raise ValueError(f"ddtree_op: argument 'o' must be a contiguous {q.dtype} tensor of shape {(tokens, heads * LATENT_DIM)}, "
                          f"got {o.dtype} {tuple(o.shape)}")
+    out = o.view(tokens, heads, LATENT_DIM)
+    with _adapter_names():
+        if prepared is not None:
+            mla_tree_verify_prepared(q, k_buffer, prepared, sm_scale=sm_scale, out=out, backend=backend)
+        else:
+            mla_tree_verify(q, k_buffer, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
+                            out_cache_loc=out_cache_loc, tree_mask=custom_mask, mask_indptr=mask_indptr, sm_scale=sm_scale,
+                            mask_layout="full", out=out, max_draft_len=num_draft_tokens, backend=backend, status=status)
+    return o
+
+
+def _heads_view(q: torch.Tensor) -> torch.Tensor:
+    """q as [T, H, 576] (SGLang passes [T, H * 576] or [T, H, 576])."""
+    if q.dim() not in (2, 3) or (q.dim() == 2 and q.shape[-1] % QK_DIM):
+        raise ValueError(f"ddtree_op: argument 'q' must be [T, H*{QK_DIM}] or [T, H, {QK_DIM}], got shape {tuple(q.shape)}")
+    return q.view(q.shape[0], -1, QK_DIM) if q.dim() == 2 else q
+
+
+@contextlib.contextmanager
+def _adapter_names():
+    """Errors of the op inside, raised again naming this adapter's arguments (ARGUMENT_NAMES)."""
     try:
-        _verify(q, k_buffer, qo_indptr, kv_indptr, kv_indices, out_cache_loc, custom_mask, mask_indptr, sm_scale, o, tokens,
-                heads, num_draft_tokens, backend, status)
+        yield
     except (ValueError, RuntimeError) as error:
         renamed = rename_arguments(str(error), ARGUMENT_NAMES)
         if renamed == str(error):
             raise
         raise type(error)(renamed) from None
-    return o
-
-
-def _verify(q, k_buffer, qo_indptr, kv_indptr, kv_indices, out_cache_loc, custom_mask, mask_indptr, sm_scale, o, tokens, heads,
-            num_draft_tokens, backend, status):
-    mla_tree_verify(
-        q,
-        k_buffer,
-        qo_indptr=qo_indptr,
-        kv_indptr=kv_indptr,
-        kv_indices=kv_indices,
-        out_cache_loc=out_cache_loc,
-        tree_mask=custom_mask,
-        mask_indptr=mask_indptr,
-        sm_scale=sm_scale,
-        mask_layout="full",
-        out=o.view(tokens, heads, LATENT_DIM),
-        max_draft_len=num_draft_tokens,
-        backend=backend,
-        status=status,
-    )

@@ -79,6 +79,26 @@ def test_eager_target_verify_matches_reference(topk, steps, num_draft, dtype):
         assert rel_err(real_rows(o, step), sr.reference_verify(rt, step, 0, DEEPSEEK_V3_SM_SCALE)) < 1e-2
 
 
+def test_one_preparation_per_forward(monkeypatch):
+    """The first layer of a forward prepares the step, the later layers attend over it; a new
+    forward (layer ids start again) prepares again. Every layer matches the reference."""
+    calls = []
+    prepare = ddtree_sglang.prepare_target_verify
+    monkeypatch.setattr(ddtree_sglang, "prepare_target_verify", lambda *a, **k: calls.append(1) or prepare(*a, **k))
+    topk, steps, num_draft = 4, 3, 8
+    with sr.spec_config(topk, steps, num_draft):
+        rt = sr.make_runtime(num_draft, heads=HEADS, dtype=torch.float16)
+        backend = ddtree_sglang.DDTreeTritonAttnBackend(rt.runner)
+        step = sr.verify_step(rt, PREFIXES, topk, steps, num_draft, seed=3, layer_ids=range(sr.LAYERS))
+        backend.init_forward_metadata(step.forward_batch)
+        for forward in (1, 2):
+            for layer_id in range(sr.LAYERS):
+                o = run_layer(backend, step, layer_id)
+                want = sr.reference_verify(rt, step, layer_id, DEEPSEEK_V3_SM_SCALE)
+                assert rel_err(real_rows(o, step), want) < 2e-3
+            assert len(calls) == forward
+
+
 @pytest.mark.parametrize("topk,steps,num_draft", [(1, 3, 4), (4, 3, 8)])
 def test_matches_sglang_triton_extend_kernel_fp16(topk, steps, num_draft):
     # fp16 only: the Triton interpreter computes tl.dot wrongly in bf16 (an interpreter limitation).

@@ -4,8 +4,10 @@
 `ForwardMode.TARGET_VERIFY` on an MLA model (576-wide keys, 512-wide values) writes the drafts'
 latent rows through the pool's own `set_kv_buffer`, then attends with
 `ddtree_op.sglang.target_verify_forward` over the metadata the Triton backend already built
-(eager or CUDA-graph). Everything else (prefill, decode, draft extend, non-MLA models, sliding
-window, context parallelism, FP8 scales, logit capping, sinks) is SGLang's own code path.
+(eager or CUDA-graph). The step's preparation (indices, mask, schedule) is made once per
+forward, by its first layer, and every later layer runs the attention alone over it.
+Everything else (prefill, decode, draft extend, non-MLA models, sliding window, context
+parallelism, FP8 scales, logit capping, sinks) is SGLang's own code path.
 
 Switch a server over with one import and one flag::
 
@@ -27,7 +29,7 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from ddtree_op.contract import LATENT_DIM, QK_DIM
-from ddtree_op.sglang import target_verify_forward
+from ddtree_op.sglang import prepare_target_verify, target_verify_forward
 
 BACKEND_NAME = "ddtree"
 
@@ -72,22 +74,28 @@ class DDTreeTritonAttnBackend(TritonAttnBackend):
             loc_info = KVWriteLoc.for_batch(forward_batch, swa_loc=self.forward_metadata.swa_out_cache_loc)
             self._set_kv_buffer(forward_batch, layer, loc_info, k, v)
         meta = self.forward_metadata
+        q = q.view(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        k_buffer = pool.get_key_buffer(layer.layer_id)
+        indices = dict(qo_indptr=meta.qo_indptr, kv_indptr=meta.kv_indptr, kv_indices=meta.kv_indices,
+                       custom_mask=meta.custom_mask, mask_indptr=meta.mask_indptr, out_cache_loc=forward_batch.out_cache_loc,
+                       num_draft_tokens=meta.max_extend_len)
         out = getattr(forward_batch, "_attn_output", None)  # SGLang's shared output buffer, if any
-        return target_verify_forward(
-            q.view(-1, layer.tp_q_head_num, layer.qk_head_dim),
-            pool.get_key_buffer(layer.layer_id),
-            v_buffer=pool.get_value_buffer(layer.layer_id),
-            qo_indptr=meta.qo_indptr,
-            kv_indptr=meta.kv_indptr,
-            kv_indices=meta.kv_indices,
-            custom_mask=meta.custom_mask,
-            mask_indptr=meta.mask_indptr,
-            out_cache_loc=forward_batch.out_cache_loc,
-            sm_scale=layer.scaling,
-            num_draft_tokens=meta.max_extend_len,
-            o=out,
-            backend=self.ddtree_backend,
-        )
+        return target_verify_forward(q, k_buffer, v_buffer=pool.get_value_buffer(layer.layer_id), **indices,
+                                     sm_scale=layer.scaling, o=out, backend=self.ddtree_backend,
+                                     prepared=self._prepared_step(forward_batch, layer.layer_id, q, k_buffer, indices))
+
+    def _prepared_step(self, forward_batch, layer_id, q, k_buffer, indices):
+        """The step's preparation, made by its first layer and reused by the later ones: every
+        layer of a forward attends over the same batch. A forward starts again where a layer id
+        does not exceed the last one seen (each forward, each CUDA-graph capture or warm-up run),
+        or with another forward_batch, so no hook of the engine needs to reset it."""
+        last = getattr(self, "_ddtree_prepared", None)
+        if last is not None and last[0] is forward_batch and layer_id > last[1] and last[2].num_tokens == q.shape[0]:
+            self._ddtree_prepared = (forward_batch, layer_id, last[2])
+            return last[2]
+        prepared = prepare_target_verify(q, k_buffer, **indices)
+        self._ddtree_prepared = (forward_batch, layer_id, prepared)
+        return prepared
 
 
 def create_ddtree_backend(runner):
