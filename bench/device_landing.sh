@@ -4,7 +4,8 @@
 # grid (bench.verify, with the preparation), the status's cost (bench/time_status.py) and the
 # preparation against an older tree in .snap/old (bench.time_prepare, e.g. 8e904e0, the last
 # before the bounds checks: bench/snapshot_trees.sh old=8e904e0); COSTS=0 leaves out those two.
-# GRID_S: seconds for the grid (default 150).
+# GRID_S: seconds for the grid (default 150); RACECHECK=1 runs racecheck on the sm90 kernel beside
+# the tests.
 #   run(command="bash bench/device_landing.sh", carry=[".whl", ".snap"])
 # Writes $OUT/landing.tgz: gpu_tests.log, grid_step.json, status_cost_grid.log, prep_main.log,
 # prep_old.log, build logs, the tests' logs.
@@ -26,8 +27,13 @@ export PYTHONPATH=/tmp/site:$root DDTREE_CACHE_DIR=/tmp/ddc
 tests=${TESTS:-tests/test_bounds_safety.py tests/test_bounds_args.py tests/test_paged.py tests/test_gpu_prep.py tests/test_gpu_graphs.py \
   tests/test_gpu_sm90.py tests/test_gpu_persistent.py tests/test_gpu_backends.py tests/test_opcheck.py tests/test_compile.py \
   tests/test_gpu_attention.py tests/test_fp8.py}
+if [ "${RACECHECK:-0}" = 1 ]; then  # beside the tests: racecheck on three determinism cases of the sm90 kernel
+  timeout ${TEST_S:-200} compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+    tests/test_gpu_determinism.py -k "sm90 and (H16-B1-n4 or H16-B3 or H128-B8)" > $R/racecheck_sm90.log 2>&1 &
+fi
 python3 -m bench.parallel_tests --processes ${PROCESSES:-12} --timeout ${TEST_S:-200} --log-dir /tmp/tests $tests > $R/gpu_tests.log 2>&1
 echo "tests rc $? at $SECONDS s"; tail -n 3 $R/gpu_tests.log
+wait; [ -f $R/racecheck_sm90.log ] && grep -E "RACECHECK SUMMARY|passed|failed" $R/racecheck_sm90.log
 timeout ${GRID_S:-150} python3 -m bench.verify --cases grid --backends sm90,flashmla --out /tmp/r_step 2>&1 | grep -E "^NVIDIA|wrote"
 cp /tmp/r_step/results.json $R/grid_step.json 2>/dev/null; echo "step grid at $SECONDS s"
 python3 -m bench.step_variants /tmp/r_step/results.json per_layer --small-floor 5 2>&1 | tee $R/per_layer_summary.txt
