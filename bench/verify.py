@@ -25,7 +25,7 @@ import torch
 
 from bench.cases import Case, all_cases, grid_cases, ragged_cases, ragged_pair_cases, serving_cases
 from bench.report import PREP_OP_PREFIXES, PREP_PREFIXES, write_report
-from ddtree_op import mla_tree_verify, mla_tree_verify_prepared, ops, prepare_tree_verify
+from ddtree_op import mla_tree_verify, mla_tree_verify_prepared, new_status, ops, prepare_tree_verify
 from ddtree_op.api import new_plan
 from ddtree_op.checks import kv_rows
 from ddtree_op.synthetic import make_verify_batch
@@ -162,12 +162,12 @@ class Inputs:
                                                  self.mask_words, vb.sm_scale, self.out, self.lse, **triton_config)
         return lambda: self.attend_over(self.prepared, backend)
 
-    def prepare_step(self):
+    def prepare_step(self, status=None):
         """This set's step prepared for its layers (prepare_tree_verify)."""
         vb = self.vb
         kwargs = vb.kwargs()
         del kwargs["sm_scale"]
-        return prepare_tree_verify(vb.q, vb.kv_cache, **kwargs, max_draft_len=self.max_draft)
+        return prepare_tree_verify(vb.q, vb.kv_cache, **kwargs, max_draft_len=self.max_draft, status=status)
 
     def attend_over(self, prepared, backend: str):
         """One layer's attention, with this set's q and KV pool, over a prepared step."""
@@ -294,13 +294,14 @@ def forward_launches(inputs: list[Inputs], backend: str, layers: int = MODEL_LAY
     layer's): the first prepares set i's step and runs layer 0 over it, each later one runs one
     layer over that preparation. Layer l reads the q and KV pool of set (i + l) % len(inputs)
     (same shapes, other values), so consecutive layers do not share their keys in L2, as the
-    layers of a model do not."""
+    layers of a model do not. The preparation records into a status (and publishes it), as for
+    an engine that reads one after the step."""
     launches = []
     for i, first in enumerate(inputs):
-        step = {}
+        step = {"status": new_status(first.vb.q.device)}
 
         def prepare_and_attend(first=first, step=step):
-            step["prepared"] = first.prepare_step()
+            step["prepared"] = first.prepare_step(step["status"])
             first.attend_over(step["prepared"], backend)
 
         launches.append(prepare_and_attend)
