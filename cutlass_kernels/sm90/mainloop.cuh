@@ -219,7 +219,7 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
       sync_partner(kScale1Ready);
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) {
-        factor[j] = st.scale1[phase][my_row + 8 * j];
+        factor[j] = st.scale1[my_row + 8 * j];
         row_sum[j] *= factor[j];
       }
       rescale_rows(acc_o, factor);
@@ -246,7 +246,7 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
         CUTE_UNROLL
         for (int j = 0; j < 2; ++j) {
           st.row_max[my_row + 8 * j] = tile_max[j];
-          st.scale1[phase][my_row + 8 * j] = factor[j];
+          st.scale1[my_row + 8 * j] = factor[j];
         }
       }
       NamedBarrier::arrive(kThreads, kScale1Ready);

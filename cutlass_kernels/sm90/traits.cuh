@@ -79,8 +79,7 @@ struct VerifyTraits {
     uint64_t chunk_empty[kReleaseGroups];         // a release group's last reader is done with it
     uint16_t key_slots[2][kStages][4];  // [pair parity][stage][warp]: keys with a slot (gather.cuh)
     float row_max[kRows];               // reference maximum per row (base 2, softmax.cuh), updated by both in turn
-    float scale0[kRows];                // warpgroup 0's rescale factor of the current pair
-    float scale1[2][kRows];             // warpgroup 1's, by pair parity: one pair's write never meets the last one's read
+    float scale0[kRows], scale1[kRows]; // each warpgroup's rescale factor of the current pair
     float row_sum[kMmaWarpgroups][kRows];  // the final sums of both warpgroups
 #ifdef DDTREE_WAIT_CLOCKS
     unsigned long long wait_clocks[kWaitRoles][kWaitSlots];  // wait_clocks.cuh: [role][slot]
