@@ -99,6 +99,33 @@ def test_one_preparation_per_forward(monkeypatch):
             assert len(calls) == forward
 
 
+def test_compiled_forwards_reuse_one_graph():
+    """Two forwards over new batches through the compiled layers: the preparation kept on each
+    forward batch adds no guard that fails on the next one (one graph, no recompilation)."""
+    from torch._dynamo.utils import counters
+
+    topk, steps, num_draft = 4, 3, 8
+    with sr.spec_config(topk, steps, num_draft):
+        rt = sr.make_runtime(num_draft, heads=HEADS, dtype=torch.float16)
+        backend = ddtree_sglang.DDTreeTritonAttnBackend(rt.runner)
+        layers = [sr.radix_attention(HEADS, i) for i in range(sr.LAYERS)]
+
+        def forward(q, k, v, forward_batch):
+            return sum(layer(q, k, v, forward_batch) for layer in layers)
+
+        torch._dynamo.reset()
+        counters.clear()
+        compiled = torch.compile(forward, backend="aot_eager", fullgraph=True)
+        for seed in (5, 6):
+            step = sr.verify_step(rt, PREFIXES, topk, steps, num_draft, seed=seed, layer_ids=range(sr.LAYERS))
+            backend.init_forward_metadata(step.forward_batch)
+            with forward_context(ForwardContext(attn_backend=backend), forward_batch=step.forward_batch):
+                got = compiled(step.q, step.k, step.v, step.forward_batch)
+            want = sum(sr.reference_verify(rt, step, i, DEEPSEEK_V3_SM_SCALE) for i in range(sr.LAYERS))
+            assert rel_err(real_rows(got, step), want) < 2e-3
+        assert counters["stats"]["unique_graphs"] == 1
+
+
 @pytest.mark.parametrize("topk,steps,num_draft", [(1, 3, 4), (4, 3, 8)])
 def test_matches_sglang_triton_extend_kernel_fp16(topk, steps, num_draft):
     # fp16 only: the Triton interpreter computes tl.dot wrongly in bf16 (an interpreter limitation).

@@ -86,15 +86,17 @@ class DDTreeTritonAttnBackend(TritonAttnBackend):
 
     def _prepared_step(self, forward_batch, layer_id, q, k_buffer, indices):
         """The step's preparation, made by its first layer and reused by the later ones: every
-        layer of a forward attends over the same batch. A forward starts again where a layer id
-        does not exceed the last one seen (each forward, each CUDA-graph capture or warm-up run),
-        or with another forward_batch, so no hook of the engine needs to reset it."""
-        last = getattr(self, "_ddtree_prepared", None)
-        if last is not None and last[0] is forward_batch and layer_id > last[1] and last[2].num_tokens == q.shape[0]:
-            self._ddtree_prepared = (forward_batch, layer_id, last[2])
-            return last[2]
-        prepared = prepare_target_verify(q, k_buffer, **indices)
-        self._ddtree_prepared = (forward_batch, layer_id, prepared)
+        layer of a forward attends over the same batch. It is kept on the forward batch (a new
+        object each forward, so torch.compile's guards stay the same from one forward to the
+        next), with the last layer id that used it: a layer id that does not exceed it starts a
+        forward again (a CUDA-graph warm-up or capture runs the same batch object more than once),
+        so no hook of the engine needs to reset it."""
+        last = getattr(forward_batch, "_ddtree_prepared", None)
+        if last is not None and layer_id > last[0] and last[1].num_tokens == q.shape[0]:
+            prepared = last[1]
+        else:
+            prepared = prepare_target_verify(q, k_buffer, **indices)
+        forward_batch._ddtree_prepared = (layer_id, prepared)
         return prepared
 
 
