@@ -103,3 +103,81 @@ def test_adapter_explain_has_no_graph_break():
             inp.mask_indptr, inp.out_cache_loc)
     explanation = torch._dynamo.explain(_compiled_step)(*args)
     assert explanation.graph_break_count == 0 and explanation.graph_count == 1, explanation.break_reasons
+
+
+def flashmla_backend_inputs(pb, num_draft):
+    """pb (a paged batch of n drafts per request, page 64) as SGLang's FlashMLA backend holds it:
+    q [bs * n, H * 576], the layer's key buffer as a token pool [S, 1, 576], the block table and
+    cache_seqlens, and the EAGLE verify input's FULL mask (row stride prefix + n)."""
+    heads = pb.q.shape[1]
+    return dict(q=pb.q.reshape(-1, heads * 576), k_buffer=pb.kv_cache.reshape(-1, 1, 576), block_table=pb.block_table,
+                cache_seqlens=pb.cache_seqlens, custom_mask=pb.tree_mask, sm_scale=pb.sm_scale, num_draft_tokens=num_draft)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kv_dtype", ["same", "uint8"])
+def test_flashmla_backend_layout(device, kv_dtype):
+    from ddtree_op import mla_tree_verify_paged
+    from ddtree_op.sglang import target_verify_forward_paged
+    from ddtree_op.synthetic_paged import make_paged_batch
+
+    n = 8
+    pb = make_paged_batch([130, 5, 64], [n] * 3, 2, page_size=64, device=device, kv_dtype=kv_dtype,
+                          kv_scale_tensor=kv_dtype != "same", seed=7)
+    inputs = flashmla_backend_inputs(pb, n)
+    o = target_verify_forward_paged(**inputs, k_scale=pb.kv_scale)
+    want, _ = mla_tree_verify_paged(pb.q, pb.kv_cache, **pb.kwargs())
+    assert o.shape == (3 * n, 2 * 512) and not torch.isnan(o).any()
+    assert relative_error(o.view(-1, 2, 512), want) < 1e-6
+    # the mask starts given as SGLang's Triton backend computes them: the same result
+    given = target_verify_forward_paged(**inputs, k_scale=pb.kv_scale, mask_indptr=pb.mask_indptr)
+    assert torch.equal(given, o)
+
+
+def test_flashmla_backend_layout_names_its_arguments():
+    from ddtree_op.sglang import target_verify_forward_paged
+    from ddtree_op.synthetic_paged import make_paged_batch
+
+    pb = make_paged_batch([70], [4], 2, page_size=64, seed=8)
+    inputs = flashmla_backend_inputs(pb, 4)
+    with pytest.raises(ValueError, match="'num_draft_tokens'"):
+        target_verify_forward_paged(**dict(inputs, num_draft_tokens=3))
+    with pytest.raises(ValueError, match="'k_buffer' must hold whole pages"):
+        target_verify_forward_paged(**dict(inputs, k_buffer=inputs["k_buffer"][:-1]))
+    with pytest.raises(ValueError, match="'custom_mask'"):
+        target_verify_forward_paged(**dict(inputs, custom_mask=inputs["custom_mask"].float()))
+    with pytest.raises(ValueError, match="'k_scale'"):
+        target_verify_forward_paged(**inputs, k_scale=0.5)  # a bf16 cache takes no scale
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_key_buffer_with_its_scale(device):
+    from ddtree_op import mla_tree_verify
+    from ddtree_op.synthetic_paged import fp8_cache
+
+    inp = build_target_verify([37, 5, 120], 4, heads=2, device=device, seed=9)
+    scale = torch.tensor([0.03], device=device)
+    fp8 = fp8_cache(inp.k_buffer.float().cpu(), 0.03, "uint8").to(device)  # SGLang keeps the bytes
+    inp.k_buffer, inp.v_buffer = fp8, None
+    o = run_adapter(inp, k_scale=scale)
+    want, _ = mla_tree_verify(inp.q.view(inp.q.shape[0], 2, 576), fp8, qo_indptr=inp.qo_indptr, kv_indptr=inp.kv_indptr,
+                              kv_indices=inp.kv_indices, out_cache_loc=inp.out_cache_loc, tree_mask=inp.custom_mask,
+                              mask_indptr=inp.mask_indptr, sm_scale=inp.sm_scale, kv_scale=scale)
+    assert torch.equal(o.view(-1, 2, 512), want) and not torch.isnan(want).any()
+
+
+def test_flashmla_backend_layout_compiles_fullgraph():
+    from ddtree_op.sglang import target_verify_forward_paged
+    from ddtree_op.synthetic_paged import make_paged_batch
+
+    def step(q, k_buffer, block_table, cache_seqlens, custom_mask):
+        return target_verify_forward_paged(q, k_buffer, block_table=block_table, cache_seqlens=cache_seqlens,
+                                           custom_mask=custom_mask, sm_scale=DEEPSEEK_V3_SM_SCALE, num_draft_tokens=4) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    for seed in (1, 2):
+        pb = make_paged_batch([70, 3], [4, 4], 2, page_size=64, seed=seed)
+        inputs = flashmla_backend_inputs(pb, 4)
+        args = (inputs["q"], inputs["k_buffer"], inputs["block_table"], inputs["cache_seqlens"], inputs["custom_mask"])
+        assert torch.equal(compiled(*args), step(*args))
