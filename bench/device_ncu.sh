@@ -3,6 +3,7 @@
 # profiles one launch (--set full, clocks left alone), prints the details page and exports the
 # source page (SASS, per-instruction stall samples) for bench.ncu_roles here.
 #   run(command="bash bench/device_ncu.sh H128_n64_B8_P8192 [BACKEND]", carry=[".whl"])
+# SCHEDULE=split|persistent forces the sm90 kernel's schedule (bench.profile_case --schedule).
 # Writes $OUT/ncu.tgz: details.txt, sass.csv, run.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1
 timeout 200 python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' > $R/build.log 2>&1
 timeout 200 ncu --clock-control none --set full --import-source no -k regex:"${KERNEL:-verify_attention}" --launch-skip 1 --launch-count 1 \
-  -o $R/prof -f python3 -m bench.profile_case "$case" --backend "$backend" --iters 2 > $R/run.log 2>&1
+  -o $R/prof -f python3 -m bench.profile_case "$case" --backend "$backend" --iters 2 --schedule "${SCHEDULE:-auto}" > $R/run.log 2>&1
 ncu --import $R/prof.ncu-rep --page details > $R/details.txt 2>&1
 ncu --import $R/prof.ncu-rep --page source --csv --print-source sass > $R/sass.csv 2>&1
 grep -E "Elapsed Cycles|Duration|Executed Ipc A|Issue Slots" $R/details.txt

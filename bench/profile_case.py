@@ -3,6 +3,7 @@
   ncu --clock-control none -k regex:verify_attention python -m bench.profile_case H128_n64_B8_P8192
   python -m bench.profile_case H16_n4_B1_P1024 --kernels   # per-kernel GPU time inside graph replays
   python -m bench.profile_case H16_n4_B1_P1024 --kernels --step   # the same for the whole step
+  python -m bench.profile_case H16_n16_B32_P8192 --schedule persistent   # the sm90 kernel auto does not pick
 """
 
 from __future__ import annotations
@@ -41,7 +42,13 @@ def main(argv=None):
     parser.add_argument("--kernels", action="store_true", help="print per-kernel GPU time inside graph replays")
     parser.add_argument("--sets", type=int, default=8, help="input sets rotated in the graph (--kernels)")
     parser.add_argument("--step", action="store_true", help="the whole step (preparation + attention), not the attention alone")
+    parser.add_argument("--schedule", choices=["auto", "split", "persistent"], default="auto",
+                        help="the sm90 kernel's schedule: auto's choice from shapes, or one forced")
     args = parser.parse_args(argv)
+    if args.schedule != "auto":  # as bench/time_schedules.py forces it
+        import ddtree_op.backends.sm90.attention as sm90_attention
+
+        sm90_attention.use_persistent = lambda *shape: args.schedule == "persistent"
     case = next((c for c in all_cases() if c.name == args.case), None)
     if case is None:
         raise SystemExit(f"unknown case {args.case!r}")
