@@ -146,9 +146,8 @@ class Inputs:
         self.words = math.ceil(self.max_draft / 64)
         self.kv_rows = kv_rows(vb.kv_cache)
         # The step's preparation, once: the attention alone runs over it (mla_tree_verify_prepared,
-        # a layer of a prepared step); prepare() rewrites the plan.
+        # a layer of a prepared step). The preparation column writes its plan into self.plan.
         self.plan = new_plan(vb.q, vb.qo_indptr)
-        self.verify_indptr, self.verify_indices, self.mask_words, _ = ops.prepare_verify(*self._prepare_args())
         self.prepared = self.prepare_step()
         self.out = torch.empty(self.rows, case.heads, 512, device="cuda", dtype=vb.q.dtype)
         self.lse = torch.empty(self.rows, case.heads, device="cuda")
@@ -158,8 +157,8 @@ class Inputs:
         if triton_config:
             from ddtree_op.backends.triton.attention import tree_attention_triton
 
-            return lambda: tree_attention_triton(vb.q, self.kv_rows, vb.qo_indptr, self.verify_indptr, self.verify_indices,
-                                                 self.mask_words, vb.sm_scale, self.out, self.lse, **triton_config)
+            return lambda: tree_attention_triton(vb.q, self.kv_rows, *self.prepared.attention_inputs(), vb.sm_scale, self.out,
+                                                 self.lse, **triton_config)
         return lambda: self.attend_over(self.prepared, backend)
 
     def prepare_step(self, status=None):
