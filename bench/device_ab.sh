@@ -3,7 +3,8 @@
 # one the base. Builds every tree (and, with WAIT_CLOCKS=1, its debug build) in parallel, runs
 # each variant's sm90 tests side by side (a failing variant is not timed), times attention alone on
 # ${CASES:-grid} for each tree one after another (sm90, paged:sm90, FlashMLA beside), compares
-# them (bench/compare_runs.py) and, with WAIT_CLOCKS=1, prints each tree's wait clocks.
+# them (bench/compare_runs.py) and, with WAIT_CLOCKS=1, prints each tree's wait clocks. AB_TESTS:
+# the variants' pytest arguments instead of the sm90 tests.
 #   run(command="bash bench/device_ab.sh main v14", carry=[".whl", ".snap"])
 # Writes under $OUT: ab.txt, grid_<tree>.json, tests.log, wait_clocks.log, build.log.
 set -uo pipefail
@@ -28,8 +29,8 @@ for f in /tmp/build_*.log; do echo "== $f"; grep -v DEBUG "$f" | tail -n 2; done
 echo "built at $SECONDS s"
 # Correctness only, so the variants' tests share the GPU; the timing below runs alone.
 for tree in "${@:2}"; do
-  in_tree "$tree" "" "" timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -x -q -p no:cacheprovider tests/test_gpu_sm90.py \
-    tests/test_gpu_attention.py tests/test_gpu_persistent.py tests/test_paged.py -k sm90 > "/tmp/tests_$tree.log" 2>&1 &
+  in_tree "$tree" "" "" timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -x -q -p no:cacheprovider ${AB_TESTS:-tests/test_gpu_sm90.py \
+    tests/test_gpu_attention.py tests/test_gpu_persistent.py tests/test_paged.py -k sm90} > "/tmp/tests_$tree.log" 2>&1 &
 done
 wait
 timed=("$1")
