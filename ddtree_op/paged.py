@@ -24,7 +24,7 @@ import torch
 from . import ops
 from .api import PreparedVerify, _eager_checks_enabled, attend, mask_words_per_row, new_plan
 from .checks import (INDEX_DTYPES, INDEX_LIMIT, _fail, check_index_arguments, check_kv_scale, check_query_and_cache,
-                     check_status_argument, check_verify_inputs, check_verify_shapes)
+                     check_index_values, check_status_argument, check_verify_shapes)
 from .contract import QK_DIM
 
 
@@ -93,11 +93,18 @@ def check_paged_inputs(q, kv_cache, *, block_table, cache_seqlens, qo_indptr, tr
                        mask_layout="full", out=None, lse=None, kv_scale=None, max_draft_len=None) -> None:
     """Every check of `mla_tree_verify_paged`, including those that read index values (a host
     sync; eager debugging and tests): lengths that fit their table rows and drafts, page ids in
-    range, then `check_verify_inputs` on the slot lists of the batch (qo_indptr, the mask)."""
+    range, then `check_index_values` on the slot lists of the batch (qo_indptr, the mask)."""
     rows = _check_paged_shapes(q, kv_cache, block_table, cache_seqlens, qo_indptr)
     check_verify_shapes(q, rows, qo_indptr, qo_indptr, qo_indptr, qo_indptr, tree_mask, mask_indptr, sm_scale, mask_layout,
                         out, lse, max_draft_len)
     check_kv_scale(kv_cache, kv_scale, q.device)
+    _check_paged_values(q, kv_cache, rows, block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr, mask_layout,
+                        max_draft_len)
+
+
+def _check_paged_values(q, kv_cache, rows, block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr, mask_layout,
+                        max_draft_len) -> None:
+    """The checks of `check_paged_inputs` that read index values, after its shape checks."""
     batch = qo_indptr.numel() - 1
     page_size, num_pages = kv_cache.shape[1], kv_cache.shape[0]
     table = block_table[:batch].long().cpu()
@@ -105,7 +112,7 @@ def check_paged_inputs(q, kv_cache, *, block_table, cache_seqlens, qo_indptr, tr
     num_draft = qo[1:] - qo[:-1]
     seqlen = cache_seqlens[:batch].long().cpu()
     capacity = table.shape[1] * page_size
-    for b in range(batch):  # requests with a negative draft count: check_verify_inputs names qo_indptr
+    for b in range(batch):  # requests with a negative draft count: check_index_values names qo_indptr
         length, n = int(seqlen[b]), int(num_draft[b])
         if n >= 0 and length < n:
             raise ValueError(f"ddtree_op: argument 'cache_seqlens' must count each request's drafts too (prefix + drafts), "
@@ -121,9 +128,8 @@ def check_paged_inputs(q, kv_cache, *, block_table, cache_seqlens, qo_indptr, tr
                          f"kv_cache): block_table[{b}, {j}] = {int(table[b, j])}")
     kv_indptr, kv_indices, out_cache_loc = ops.paged_slot_lists(block_table, cache_seqlens, qo_indptr, page_size, num_pages,
                                                                 q.shape[0])
-    check_verify_inputs(q, rows, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices, out_cache_loc=out_cache_loc,
-                        tree_mask=tree_mask, mask_indptr=mask_indptr, sm_scale=sm_scale, mask_layout=mask_layout, out=out,
-                        lse=lse, max_draft_len=max_draft_len)
+    check_index_values(q, rows, qo_indptr, kv_indptr, kv_indices, out_cache_loc, tree_mask, mask_indptr, mask_layout,
+                       max_draft_len)
 
 
 def mla_tree_verify_paged(
@@ -216,8 +222,7 @@ def prepare_tree_verify_paged(
     if status is not None:
         check_status_argument(status, q.device)
     if _eager_checks_enabled():
-        check_paged_inputs(q, kv_cache, block_table=block_table, cache_seqlens=cache_seqlens, qo_indptr=qo_indptr,
-                           tree_mask=tree_mask, mask_indptr=mask_indptr, sm_scale=1.0, mask_layout=mask_layout,
-                           max_draft_len=max_draft_len)  # sm_scale: any valid one (each layer's call checks its own)
+        _check_paged_values(q, kv_cache, rows, block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr, mask_layout,
+                            max_draft_len)
     return _prepare_paged(q, kv_cache, block_table, cache_seqlens, qo_indptr, tree_mask, mask_indptr, mask_layout,
                           max_draft_len, status, publish_status=True)
