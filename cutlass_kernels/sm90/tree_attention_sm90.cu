@@ -1,6 +1,7 @@
 // Host side of the sm_90a verify kernel: checks, launch on the current stream, op registration
 // (torch.ops.ddtree_sm90.tree_attention). Built as its own library (ddtree_op/build.py), so the
-// preparation kernels never depend on CUTLASS or on a Hopper GPU.
+// preparation kernels never depend on CUTLASS or on a Hopper GPU; the kernels themselves compile
+// in the verify_attention_<dtype>_<schedule>.cu units beside it.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -12,12 +13,15 @@
 #include <cstdlib>
 #include <string>
 
-#include "verify_attention.cuh"
+#include "../index_view.cuh"
+#include "../status.cuh"
+#include "../verify_plan.cuh"
+#include "verify_launch.cuh"
 
 namespace {
 
+using ddtree::sm90::launch_verify_attention;
 using ddtree::sm90::VerifyParams;
-using ddtree::sm90::VerifyTraits;
 
 // The pool [S, 576] as 64-row x 64-column boxes with the tiles' 128-byte swizzle, so the kernel
 // loads a tile of consecutive slots with TMA. False (cp.async only) where the driver or the
@@ -52,16 +56,6 @@ bool kv_boxes_enabled() {
     return v == nullptr || std::string(v) != "0";
   }();
   return enabled;
-}
-
-template <class Element, bool kPersistent>
-void launch(const VerifyParams& params, dim3 grid, cudaStream_t stream) {
-  using Traits = VerifyTraits<Element>;
-  auto kernel = ddtree::sm90::verify_attention_kernel<Traits, kPersistent>;
-  const int smem = Traits::kSmemBytes + 1024;  // + alignment slack for the swizzled tiles
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  // Chained to the preparation before it (../grid_dependency.cuh).
-  C10_CUDA_CHECK(ddtree::launch_dependent(kernel, grid, dim3(Traits::kThreads), smem, stream, params));
 }
 
 void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& qo_indptr,
@@ -144,10 +138,12 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
   const bool bf16 = q.scalar_type() == at::kBFloat16;
   if (persistent_ctas > 0) {
     const dim3 grid(static_cast<unsigned>(persistent_ctas));
-    bf16 ? launch<cutlass::bfloat16_t, true>(params, grid, stream) : launch<cutlass::half_t, true>(params, grid, stream);
+    bf16 ? launch_verify_attention<cutlass::bfloat16_t, true>(params, grid, stream)
+         : launch_verify_attention<cutlass::half_t, true>(params, grid, stream);
   } else {
     const dim3 grid(row_blocks + static_cast<int>(batch) + 1, static_cast<unsigned>(num_splits));
-    bf16 ? launch<cutlass::bfloat16_t, false>(params, grid, stream) : launch<cutlass::half_t, false>(params, grid, stream);
+    bf16 ? launch_verify_attention<cutlass::bfloat16_t, false>(params, grid, stream)
+         : launch_verify_attention<cutlass::half_t, false>(params, grid, stream);
   }
 }
 

@@ -20,6 +20,7 @@
 // first keys anyway; where that CTA has no keys to attend, before it returns.
 #pragma once
 
+#include <c10/cuda/CUDAException.h>
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -33,34 +34,10 @@
 #include "mainloop.cuh"
 #include "persistent_plan.cuh"
 #include "traits.cuh"
+#include "verify_launch.cuh"
+#include "verify_params.cuh"
 
 namespace ddtree::sm90 {
-
-struct VerifyParams {
-  CUtensorMap kv_map;  // kv as 64-row x 64-column boxes (tree_attention_sm90.cu); valid if kv_boxes
-  bool kv_boxes;
-  const void* q;
-  int64_t q_stride_token, q_stride_head;
-  const void* kv;
-  int64_t kv_stride;
-  IndexView qo_indptr;
-  const int32_t* verify_indptr;
-  const int32_t* verify_indices;  // slot ids; < 0: no slot (the key is invisible)
-  const int64_t* mask_words;
-  int64_t mask_stride;
-  void* out;
-  int64_t out_stride_token, out_stride_head;
-  float* lse;
-  int64_t lse_stride_token, lse_stride_head;
-  float* part_out;  // [splits, T * H, 512] when splits > 1
-  float* part_lse;  // [splits, T * H]
-  int num_tokens, heads, batch, num_splits;
-  const int64_t* plan;  // the schedule plan (../verify_plan.cuh), made for these heads, CTAs and splits
-  // Persistent kernel (grid = CTAs): part_out is [2 * CTAs, 64, 512] and part_lse [2 * CTAs, 64],
-  // num_splits the pieces schedule's splits per row block (persistent_plan.cuh).
-  float scale_log2;  // sm_scale * log2(e)
-  StatusView status;  // data nullptr: no status to publish
-};
 
 // Whether this thread publishes the status: the last GEMM thread of the first CTA, whose warp is
 // otherwise idle until the q tile and the first keys arrive. Read from the parameters and the
@@ -346,6 +323,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   }
   const int warpgroup = threadIdx.x / 128;
   wait_clock(*reinterpret_cast<SharedState*>(smem_base + kStateOffset), warpgroup, threadIdx.x % 128).print(warpgroup);
+}
+
+// The launch that verify_launch.cuh declares, instantiated once per translation unit
+// (verify_attention_<dtype>_<schedule>.cu), so that the kernels compile in parallel.
+template <class Element, bool kPersistent>
+void launch_verify_attention(const VerifyParams& params, dim3 grid, cudaStream_t stream) {
+  using Traits = VerifyTraits<Element>;
+  auto kernel = verify_attention_kernel<Traits, kPersistent>;
+  const int smem = Traits::kSmemBytes + 1024;  // + alignment slack for the swizzled tiles
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  // Chained to the preparation before it (../grid_dependency.cuh).
+  C10_CUDA_CHECK(launch_dependent(kernel, grid, dim3(Traits::kThreads), smem, stream, params));
 }
 
 }  // namespace ddtree::sm90

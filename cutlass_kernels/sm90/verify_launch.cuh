@@ -1,0 +1,26 @@
+// The launch of the sm_90a verify kernel, declared for the host side (tree_attention_sm90.cu) and
+// defined in verify_attention.cuh. Each (dtype, schedule) is instantiated in a translation unit of
+// its own (verify_attention_<dtype>_<schedule>.cu), so that ninja compiles the four in parallel.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <cutlass/numeric_types.h>
+
+#include "verify_params.cuh"
+
+namespace ddtree::sm90 {
+
+// kPersistent: the persistent schedule (grid = CTAs), else the split schedule.
+template <class Element, bool kPersistent>
+void launch_verify_attention(const VerifyParams& params, dim3 grid, cudaStream_t stream);
+
+extern template void launch_verify_attention<cutlass::bfloat16_t, false>(const VerifyParams&, dim3, cudaStream_t);
+extern template void launch_verify_attention<cutlass::bfloat16_t, true>(const VerifyParams&, dim3, cudaStream_t);
+extern template void launch_verify_attention<cutlass::half_t, false>(const VerifyParams&, dim3, cudaStream_t);
+extern template void launch_verify_attention<cutlass::half_t, true>(const VerifyParams&, dim3, cudaStream_t);
+
+}  // namespace ddtree::sm90
+
+// The explicit instantiation in one of those translation units.
+#define DDTREE_INSTANTIATE_VERIFY_ATTENTION(ELEMENT, PERSISTENT) \
+  template void ddtree::sm90::launch_verify_attention<ELEMENT, PERSISTENT>(const ddtree::sm90::VerifyParams&, dim3, cudaStream_t);
