@@ -19,10 +19,9 @@ in_tree() {  # TREE CACHE_SUFFIX NVCC_EXTRA COMMAND...: the command in that tree
   (cd "$root/.snap/$tree" && PYTHONPATH=/tmp/site:$root/.snap/$tree DDTREE_CACHE_DIR=/tmp/ddc_$tree$suffix \
      DDTREE_NVCC_EXTRA="$extra" "$@")
 }
-build='import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")'
 for tree in "$@"; do
-  in_tree "$tree" "" "" timeout "${BUILD_TIMEOUT:-300}" python3 -c "$build" > "/tmp/build_$tree.log" 2>&1 &
-  [ "${WAIT_CLOCKS:-0}" = 1 ] && in_tree "$tree" _wc -DDDTREE_WAIT_CLOCKS timeout "${BUILD_TIMEOUT:-300}" python3 -c "$build" > "/tmp/build_${tree}_wc.log" 2>&1 &
+  in_tree "$tree" "" "" timeout "${BUILD_TIMEOUT:-300}" python3 "$root/bench/build_libraries.py" > "/tmp/build_$tree.log" 2>&1 &
+  [ "${WAIT_CLOCKS:-0}" = 1 ] && in_tree "$tree" _wc -DDDTREE_WAIT_CLOCKS timeout "${BUILD_TIMEOUT:-300}" python3 "$root/bench/build_libraries.py" > "/tmp/build_${tree}_wc.log" 2>&1 &
 done
 wait
 for f in /tmp/build_*.log; do echo "== $f"; grep -v DEBUG "$f" | tail -n 2; done > "$OUT/build.log"

@@ -13,9 +13,8 @@ root=$PWD R=/tmp/chain; mkdir -p $R
 source bench/device_common.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
 export PYTHONUNBUFFERED=1 DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
-build='import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")'
-(PYTHONPATH=/tmp/site:$root DDTREE_CACHE_DIR=/tmp/ddc timeout 240 python3 -c "$build" > $R/build.log 2>&1) &
-for tree in "$@"; do in_snap_tree "$tree" timeout 240 python3 -c "$build" > "$R/build_$tree.log" 2>&1 & done
+(PYTHONPATH=/tmp/site:$root DDTREE_CACHE_DIR=/tmp/ddc timeout 240 python3 "$root/bench/build_libraries.py" > $R/build.log 2>&1) &
+for tree in "$@"; do in_snap_tree "$tree" timeout 240 python3 "$root/bench/build_libraries.py" > "$R/build_$tree.log" 2>&1 & done
 wait
 for f in $R/build*.log; do echo "== $f"; grep -v DEBUG "$f" | tail -n 2; done; echo "built at $SECONDS s"
 export PYTHONPATH=/tmp/site:$root DDTREE_CACHE_DIR=/tmp/ddc

@@ -25,7 +25,7 @@ commit=${DDTREE_COMMIT:-unknown}
 if [ "$stage" = finish2 ] || [ "$stage" = change2 ]; then nvidia-smi -L; else nvidia-smi -L > "$OUT/env.log" 2>&1; fi  # finish2 needs all 8 files
 
 build_libraries() {  # JIT-build both CUDA libraries once, before processes on two GPUs want them
-  python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' 2>&1 | grep -v DEBUG | tail -3
+  python3 bench/build_libraries.py 2>&1 | grep -v DEBUG | tail -3
 }
 
 case "$stage" in

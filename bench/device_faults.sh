@@ -7,10 +7,11 @@
 # Writes $OUT/faults.tgz and $OUT/summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 R=/tmp/faults; mkdir -p $R
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
 export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1
-timeout 200 python3 -c 'import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")' 2>&1 | tail -n 1
+timeout 200 python3 "$root/bench/build_libraries.py" 2>&1 | tail -n 1
 cases=${CASES:-H16_n4_B8_P1024,H16_n4_B8_P8192,H16_n4_B32_P1024,H16_n4_B32_P8192}
 for pdl in 1 0; do
   DDTREE_PDL=$pdl timeout 90 python3 bench/time_schedules.py $cases > $R/schedules_pdl$pdl.log 2>&1

@@ -14,8 +14,7 @@ cd "$(dirname "$0")/.."
 root=$PWD R=/tmp/landing; mkdir -p $R
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
 export PYTHONUNBUFFERED=1 DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
-build='import ddtree_op.build as b; b.load_library("prep"); b.load_library("sm90")'
-(PYTHONPATH=/tmp/site:$root DDTREE_CACHE_DIR=/tmp/ddc timeout 200 python3 -c "$build" > $R/build.log 2>&1) &
+(PYTHONPATH=/tmp/site:$root DDTREE_CACHE_DIR=/tmp/ddc timeout 200 python3 "$root/bench/build_libraries.py" > $R/build.log 2>&1) &
 if [ -d .snap/old ]; then
   [ -f .snap/old/bench/time_prepare.py ] || cp bench/time_prepare.py .snap/old/bench/
   (cd .snap/old && PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc_old timeout 200 python3 -c 'import ddtree_op.build as b; b.load_library("prep")' \
