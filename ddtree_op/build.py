@@ -173,7 +173,7 @@ def load_cuda_library() -> str:
 
 
 def _notice(message: str) -> None:
-    # A first-use build takes about a minute for sm90 and blocks the first CUDA call: say so on
+    # A first-use build takes most of a minute and blocks the first CUDA call: say so on
     # stderr even where logging is not configured.
     log.info(message)
     print(message, file=sys.stderr, flush=True)
@@ -206,7 +206,7 @@ def load_library(library: str) -> str:
         if built.exists():
             # The directory's name is the key, a hash of the sources' contents: a library found
             # here is up to date. Loaded as it is, not through torch's `load`, which would rebuild
-            # it (silently, about a minute for sm90) whenever the sources sit at another path than
+            # it (silently, most of a minute) whenever the sources sit at another path than
             # the build's (another checkout, an installed wheel or sdist sharing the cache).
             try:
                 torch.ops.load_library(str(built))
