@@ -51,18 +51,21 @@ def _combine_persistent_kernel(
     used = tl.maximum(tl.load(plan_ptr + _USED), 1)
     field = plan_ptr + _HEADER
     # Equal shares: the row block that holds x, the first item of CTA k's share: the last one
-    # whose first item is <= x.
+    # whose first item is <= x. With pieces nothing of it is loaded (its loads are masked), so a
+    # program with nothing to merge ends one round trip after the kernel before it.
     x = k * total // used
     lo = row_blocks * 0
     hi = row_blocks
     for _ in range(search_steps):
         mid = (lo + hi) // 2
-        below = (lo < hi) & (tl.load(field + _FIRST_ITEM * capacity + tl.minimum(mid, capacity - 1)) <= x)
-        hi = tl.where((lo < hi) & ~below, mid, hi)
+        searching = equal & (lo < hi)
+        below = searching & (tl.load(field + _FIRST_ITEM * capacity + tl.minimum(mid, capacity - 1), mask=searching,
+                                     other=0) <= x)
+        hi = tl.where(searching & ~below, mid, hi)
         lo = tl.where(below, mid + 1, lo)
     r_equal = tl.maximum(lo - 1, 0)
-    first = tl.load(field + _FIRST_ITEM * capacity + r_equal)  # the first item of that row block
-    u = tl.maximum(tl.load(field + _UNITS * capacity + r_equal), 1)
+    first = tl.load(field + _FIRST_ITEM * capacity + r_equal, mask=equal, other=0)  # the first item of that row block
+    u = tl.maximum(tl.load(field + _UNITS * capacity + r_equal, mask=equal, other=1), 1)
     i0 = ((first + 1) * used - 1) // total  # the CTA whose share holds that item
     i1 = ((first + u) * used - 1) // total  # the CTA that holds its last item
     first_slot = 2 * i0 + tl.where(i0 * total // used == first, 0, 1)
