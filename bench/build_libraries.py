@@ -14,7 +14,8 @@ LIBRARIES = ("prep", "sm90")
 def main() -> int:
     builds = [subprocess.Popen([sys.executable, "-c", f"import ddtree_op.build as b; b.load_library({name!r})"])
               for name in LIBRARIES]
-    return max(build.wait() for build in builds)
+    codes = [build.wait() for build in builds]  # a build killed by a signal returns a negative code
+    return 1 if any(code != 0 for code in codes) else 0
 
 
 if __name__ == "__main__":

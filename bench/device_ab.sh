@@ -4,7 +4,8 @@
 # each variant's sm90 tests side by side (a failing variant is not timed), times attention alone on
 # ${CASES:-grid} for each tree one after another (sm90, paged:sm90, FlashMLA beside), compares
 # them (bench/compare_runs.py) and, with WAIT_CLOCKS=1, prints each tree's wait clocks. AB_TESTS:
-# the variants' pytest arguments instead of the sm90 tests.
+# the variants' pytest arguments instead of the sm90 tests, split at spaces (so a -k expression
+# must be one word).
 #   run(command="bash bench/device_ab.sh main v14", carry=[".whl", ".snap"])
 # Writes under $OUT: ab.txt, grid_<tree>.json, tests.log, wait_clocks.log, build.log.
 set -uo pipefail

@@ -3,7 +3,6 @@
 // preparation kernels never depend on CUTLASS or on a Hopper GPU; the kernels themselves compile
 // in the verify_attention_<dtype>_<schedule>.cu units beside it.
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>

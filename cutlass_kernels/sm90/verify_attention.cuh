@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   wait_clock(*reinterpret_cast<SharedState*>(smem_base + kStateOffset), warpgroup, threadIdx.x % 128).print(warpgroup);
 }
 
-// The launch that verify_launch.cuh declares, instantiated once per translation unit
+// The launch that verify_launch.cuh declares, each specialization in a translation unit of its own
 // (verify_attention_<dtype>_<schedule>.cu), so that the kernels compile in parallel.
 template <class Element, bool kPersistent>
 void launch_verify_attention(const VerifyParams& params, dim3 grid, cudaStream_t stream) {
