@@ -4,7 +4,7 @@
 #pragma once
 
 #include <cuda_runtime.h>
-#include <cutlass/numeric_types.h>
+#include <cutlass/numeric_types.h>  // the Element types the host side names
 
 #include "verify_params.cuh"
 
@@ -13,11 +13,6 @@ namespace ddtree::sm90 {
 // kPersistent: the persistent schedule (grid = CTAs), else the split schedule.
 template <class Element, bool kPersistent>
 void launch_verify_attention(const VerifyParams& params, dim3 grid, cudaStream_t stream);
-
-extern template void launch_verify_attention<cutlass::bfloat16_t, false>(const VerifyParams&, dim3, cudaStream_t);
-extern template void launch_verify_attention<cutlass::bfloat16_t, true>(const VerifyParams&, dim3, cudaStream_t);
-extern template void launch_verify_attention<cutlass::half_t, false>(const VerifyParams&, dim3, cudaStream_t);
-extern template void launch_verify_attention<cutlass::half_t, true>(const VerifyParams&, dim3, cudaStream_t);
 
 }  // namespace ddtree::sm90
 
