@@ -5,7 +5,7 @@
 # ${CASES:-grid} for each tree one after another (sm90, paged:sm90, FlashMLA beside), compares
 # them (bench/compare_runs.py) and, with WAIT_CLOCKS=1, prints each tree's wait clocks. AB_TESTS:
 # the variants' pytest arguments instead of the sm90 tests, split at spaces (so a -k expression
-# must be one word).
+# must be one word). AB_BACKENDS: the timed columns (default sm90,paged:sm90,flashmla).
 #   run(command="bash bench/device_ab.sh main v14", carry=[".whl", ".snap"])
 # Writes under $OUT: ab.txt, grid_<tree>.json, tests.log, wait_clocks.log, build.log.
 set -uo pipefail
@@ -41,7 +41,7 @@ echo "tested at $SECONDS s"
 specs=()
 for tree in "${timed[@]}"; do
   in_tree "$tree" "" "" timeout "${GRID_TIMEOUT:-170}" python3 -m bench.verify --cases "${CASES:-grid}" --no-prep \
-    --backends sm90,paged:sm90,flashmla --out "/tmp/r_$tree" 2>&1 | grep --line-buffered -E "^NVIDIA|wrote" 
+    --backends "${AB_BACKENDS:-sm90,paged:sm90,flashmla}" --out "/tmp/r_$tree" 2>&1 | grep --line-buffered -E "^NVIDIA|wrote" 
   cp "/tmp/r_$tree/results.json" "$OUT/grid_$tree.json" && specs+=("$tree=$OUT/grid_$tree.json")
   echo "$tree timed at $SECONDS s"
 done

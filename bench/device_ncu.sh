@@ -6,12 +6,13 @@
 # SCHEDULE=split|persistent forces the sm90 kernel's schedule (bench.profile_case --schedule).
 # Writes $OUT/ncu.tgz: details.txt, sass.csv, run.log.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+scripts=$(cd "$(dirname "$0")/.." && pwd)
+cd "${TREE:-$scripts}"  # TREE: a snapshot (bench/snapshot_trees.sh) to profile instead of this tree
 root=$PWD
 case=${1:?usage: device_ncu.sh CASE [BACKEND]} backend=${2:-sm90}
 R=/tmp/ncu_out; mkdir -p $R
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
-export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$scripts"/.whl/*.whl >/dev/null 2>&1 || exit 1
+export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=${DDTREE_CACHE_DIR:-/tmp/ddc} PYTHONUNBUFFERED=1
 timeout 200 python3 "$root/bench/build_libraries.py" > $R/build.log 2>&1
 timeout 200 ncu --clock-control none --set full --import-source no -k regex:"${KERNEL:-verify_attention}" --launch-skip 1 --launch-count 1 \
   -o $R/prof -f python3 -m bench.profile_case "$case" --backend "$backend" --iters 2 --schedule "${SCHEDULE:-auto}" > $R/run.log 2>&1
