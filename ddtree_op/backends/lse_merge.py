@@ -23,7 +23,7 @@ def _combine_splits_kernel(
     out_ptr, stride_ot, stride_oh, lse_ptr, stride_lt, stride_lh,
     num_tokens,
     HEADS: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr,
-    DEPENDENT: tl.constexpr,
+    LIVE_SLOTS_ONLY: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
     """Merges the NUM_SPLITS partial (out, lse) pairs of one valid row by their LSE; program
     (r, j) does row r, columns [j * BLOCK_D, +BLOCK_D). All splits are loaded at once as one
@@ -41,8 +41,11 @@ def _combine_splits_kernel(
     real_split = split < NUM_SPLITS
     valid_rows = tl.load(qo_indptr_ptr + batch).to(tl.int64) * HEADS
     part_lse = tl.load(part_lse_ptr + split * stride_split + row, mask=real_split, other=float("-inf"))
+    # LIVE_SLOTS_ONLY: slots whose LSE is -inf hold no partial (the sm90 kernel's unused piece
+    # slots), so their bytes are not loaded, at the cost of waiting for the LSEs first.
+    live = real_split & (part_lse > float("-inf")) if LIVE_SLOTS_ONLY else real_split
     part = tl.load(part_out_ptr + (split * stride_split + row)[:, None] * D_LATENT + dv[None, :],
-                   mask=real_split[:, None], other=0.0)
+                   mask=live[:, None], other=0.0)
     lse_max = tl.max(part_lse, axis=0)
     lse_max_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
     weight = tl.exp(part_lse - lse_max_safe)  # 0 for splits that saw no key (and padding splits)
@@ -60,8 +63,9 @@ def _combine_splits_kernel(
             tl.store(lse_ptr + t * stride_lt + h * stride_lh, lse)
 
 
-def combine_splits(part_out, part_lse, qo_indptr, out, lse):
-    """out/lse of the valid rows from per-split partials ([S, T*H, 512] and [S, T*H] float32)."""
+def combine_splits(part_out, part_lse, qo_indptr, out, lse, live_slots_only: bool = False):
+    """out/lse of the valid rows from per-split partials ([S, T*H, 512] and [S, T*H] float32);
+    live_slots_only: a slot whose LSE is -inf may hold no partial at all, so it is not read."""
     num_tokens, heads = out.shape[0], out.shape[1]
     num_splits = part_out.shape[0]
     splits_pow2 = triton.next_power_of_2(num_splits)
@@ -71,6 +75,7 @@ def combine_splits(part_out, part_lse, qo_indptr, out, lse):
         part_out, part_lse, qo_indptr, qo_indptr.numel() - 1,
         out, out.stride(0), out.stride(1), lse, lse.stride(0), lse.stride(1),
         num_tokens,
-        HEADS=heads, BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLITS_POW2=splits_pow2, DEPENDENT=dependent, num_warps=4,
+        HEADS=heads, BLOCK_D=block_d, NUM_SPLITS=num_splits, SPLITS_POW2=splits_pow2, LIVE_SLOTS_ONLY=live_slots_only,
+        DEPENDENT=dependent, num_warps=4,
         launch_pdl=dependent,
     )
