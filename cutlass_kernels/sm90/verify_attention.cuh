@@ -246,7 +246,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     if (segment == 0 && publishes_status<Traits>(p)) publish_status(p.status);
     if constexpr (!kPersistent) {
       // The first of a row block's pieces marks its slots past the last piece as empty (LSE
-      // -inf), so that the combine, which reads every slot's LSE, loads no partial from them.
+      // -inf), so that the combine gives them no weight and loads no partial from those past the
+      // shapes' splits.
       if (seg.slot == 0 && tid < kRows && g.row0 + tid < g.num_rows) {
         const int64_t slot_stride = int64_t(p.num_tokens) * p.heads;
         float* const lse_rows = p.part_lse + g.q_lo * p.heads + g.row0 + tid;

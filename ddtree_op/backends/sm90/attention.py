@@ -74,4 +74,4 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
     if num_splits > 1:
         from ..lse_merge import combine_splits
 
-        combine_splits(part_out, part_lse, qo_indptr, out, lse, live_slots_only=True)
+        combine_splits(part_out, part_lse, qo_indptr, out, lse, eager_slots=num_splits)

@@ -10,7 +10,8 @@ budget (the shapes' row blocks times `splits`, at most one wave of CTAs, or the 
 they are more) and no row block has more than PIECE_SLOTS_PER_SPLIT * splits pieces. CTA p of the
 split kernel attends piece p. With splits, piece k of a row block writes partial rows [k, row]
 ([PIECE_SLOTS_PER_SPLIT * splits, T * H, 512]) and its first piece an LSE of -inf in the slots
-past its last, so the split combine (lse_merge.combine_splits) merges every row's slots.
+past its last, so the split combine (lse_merge.combine_splits) reads the first `splits` slots of
+a row with their LSEs and a slot past them only where its LSE is live.
 """
 
 from __future__ import annotations
