@@ -26,10 +26,16 @@ constexpr int kSm90MaxSplits = 128;
 constexpr int kCutCostUnits = 8;
 constexpr int kPartialSlotsPerCta = 2;
 
-// The schedule plan (int64; layout and meaning: verify_plan.cuh): kPlanHeader entries, then
-// kPlanFields arrays of one entry per row block.
+// The schedule plan (int64; layout and meaning: verify_plan.cuh): kPlanHeader entries,
+// kPlanFields arrays of one entry per row block, then kPieceFields arrays of one entry per piece
+// of the split kernel (room for the row blocks and kMaxPieceBudget more).
 constexpr int kPlanHeader = 8;
-constexpr int kPlanFields = 4;
+constexpr int kPlanFields = 5;
+constexpr int kPieceFields = 3;
+constexpr int kMaxPieceBudget = 256;
+// Partial slots of the split kernel per split of the shapes: a row block of a long request may be
+// cut into this many times the splits, and its pieces write partials [slot, row].
+constexpr int kPieceSlotsPerSplit = 2;
 // Header entries.
 constexpr int kPlanEqualShares = 0;
 constexpr int kPlanRowBlocks = 1;
@@ -38,11 +44,19 @@ constexpr int kPlanUsed = 3;
 constexpr int kPlanHeads = 4;
 constexpr int kPlanCtas = 5;
 constexpr int kPlanSplits = 6;
+constexpr int kPlanPieces = 7;
 // Fields of a row block.
 constexpr int kPlanRequest = 0;
 constexpr int kPlanBlock = 1;
 constexpr int kPlanUnits = 2;
 constexpr int kPlanFirstItem = 3;
+constexpr int kPlanFirstPiece = 4;
+// Fields of a piece: its row (request << 32 | block), its units (begin << 32 | end), its partial
+// slot (pieces of its row block << 32 | its index among them; -1: the whole row block, written to
+// out/lse directly).
+constexpr int kPieceRow = 0;
+constexpr int kPieceUnits = 1;
+constexpr int kPieceSlot = 2;
 
 // Compact mask: one bit per draft column, kMaskWordBits per int64 word. A packed mask holds at
 // most kMaxPackedMaskBits drafts (its widest dtype, int64).

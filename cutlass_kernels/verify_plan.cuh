@@ -1,17 +1,30 @@
 // The schedule plan of a verify batch: made once, by the preparation launch from the sanitized
-// batch (verify_prep.cu), and read by the sm90 kernels (sm90/persistent_plan.cuh) and the
-// persistent combine (ddtree_op/backends/sm90/persistent_combine.py), so that no CTA scans the
-// batch. verify_plan.cu makes it alone, for a batch handed to the attention op directly. What the
-// plan means is ddtree_op/backends/sm90/persistent_schedule.py; its CPU twin is
-// ddtree_op/prep.py's verify_plan (both must agree bit for bit).
+// batch (verify_prep.cu), and read by the sm90 kernels (sm90/tile_scheduler.cuh) and their
+// combines (ddtree_op/backends/sm90/), so that no CTA scans the batch. verify_plan.cu makes it
+// alone, for a batch handed to the attention op directly. What the plan means is
+// ddtree_op/backends/sm90/persistent_schedule.py (the persistent kernel) and schedule.py (the
+// split kernel's pieces); its CPU twin is ddtree_op/prep.py's verify_plan (bit for bit).
 //
-// Layout (int64; indices in contract.cuh): kPlanHeader entries, then kPlanFields arrays of
-// plan_capacity(T_pad, H, B) entries, one per row block (a function of shapes only).
+// Layout (int64; indices in contract.cuh): kPlanHeader entries, kPlanFields arrays of
+// plan_capacity(T_pad, H, B) entries, one per row block, then kPieceFields arrays of
+// piece_capacity entries, one per piece (all functions of shapes only).
 //   header         the choice (1: equal shares, 0: pieces), the row blocks and items (row
 //                  block, unit) of all requests, CTAs with an equal share (min(CTAs, items)),
-//                  and the heads, CTAs and splits the plan was made for (its readers check them)
-//   row block r    its request, its block within the request, its units, its first item
-//                  (past the last row block: request B, block 0, units 0, first item = items)
+//                  the heads, CTAs and splits the plan was made for (its readers check them),
+//                  and the split kernel's pieces
+//   row block r    its request, its block within the request, its units, its first item, its
+//                  first piece (past the last row block: request B, block 0, units 0, first
+//                  item = items, first piece = pieces)
+//   piece p        its row (request << 32 | block), its units (begin << 32 | end), its partial
+//                  slot (pieces of its row block << 32 | its index k among them: it writes
+//                  partial rows [k, row]; with splits > 1) or -1 (out/lse directly; past the last
+//                  piece: request B, block 0, units 0, slot -1)
+// The split kernel's pieces: each row block's units cut into max(1, ceil(units / c)) nearly
+// equal pieces, c the fewest units for which all of them fit a budget (the shapes' row blocks
+// times the splits, what a batch of equal requests gets; at most one wave of CTAs; or the row
+// blocks where they are more) and no row block has more than kPieceSlotsPerSplit * splits. So the
+// CTAs of a long request take its keys in more pieces instead of longer ones. One piece per row
+// block with one split.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -25,8 +38,18 @@ namespace ddtree {
 __host__ __device__ __forceinline__ int64_t plan_capacity(int64_t tokens, int64_t heads, int64_t batch) {
   return (tokens * heads + kRowsPerBlock - 1) / kRowsPerBlock + batch;
 }
+__host__ __device__ __forceinline__ int64_t piece_capacity(int64_t tokens, int64_t heads, int64_t batch) {
+  return plan_capacity(tokens, heads, batch) + kMaxPieceBudget;
+}
 __host__ __device__ __forceinline__ int64_t plan_numel(int64_t tokens, int64_t heads, int64_t batch) {
-  return kPlanHeader + kPlanFields * plan_capacity(tokens, heads, batch);
+  return kPlanHeader + kPlanFields * plan_capacity(tokens, heads, batch) + kPieceFields * piece_capacity(tokens, heads, batch);
+}
+// CTAs of the split kernel (contract.py's split_grid): room for every piece and one more CTA.
+__host__ __device__ __forceinline__ int64_t split_grid(int64_t tokens, int64_t heads, int64_t batch, int64_t splits) {
+  const int64_t nominal = (tokens * heads + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t budget = nominal * splits < kMaxPieceBudget ? nominal * splits : kMaxPieceBudget;
+  const int64_t capacity = plan_capacity(tokens, heads, batch);
+  return capacity > budget + 1 ? capacity : budget + 1;
 }
 
 struct PlanView {
@@ -36,11 +59,14 @@ struct PlanView {
   __device__ __forceinline__ int64_t field(int f, int64_t row_block) const {
     return data[kPlanHeader + f * capacity + row_block];
   }
+  __device__ __forceinline__ int64_t piece(int f, int64_t p) const {
+    return data[kPlanHeader + kPlanFields * capacity + f * (capacity + kMaxPieceBudget) + p];
+  }
 };
 
 struct PlanArgs {
   int64_t* plan;      // nullptr: no plan
-  int blocks;         // blocks that write it: one thread per row block entry, at least one (the header)
+  int blocks;         // blocks that write it: one thread per piece entry (more than row blocks), at least one
   int batch;
   int64_t capacity, heads;
   int ctas, splits;   // of the schedule the plan is made for
@@ -59,80 +85,177 @@ inline PlanArgs make_verify_plan_args(const c10::optional<at::Tensor>& plan, con
               "ddtree_op: argument 'plan' must be a contiguous int64 tensor of ", plan_numel(num_rows, heads, batch),
               " entries on the device of the indptrs");
   a.plan = plan->data_ptr<int64_t>();
-  a.blocks = static_cast<int>(a.capacity > 0 ? (a.capacity + threads - 1) / threads : 1);
+  a.blocks = static_cast<int>((a.capacity + kMaxPieceBudget + threads - 1) / threads);
   return a;
 }
 
 // Requests are scanned in chunks of kPlanChunk (kPlanChunk / kThreads consecutive ones a thread).
-constexpr int kPlanChunk = 512;
+constexpr int kPlanChunk = 256;
 
-template <int kThreads>
-__device__ __forceinline__ void block_exclusive_sum2(int64_t& a, int64_t& b, int64_t& total_a, int64_t& total_b) {
-  __shared__ int64_t s_a[kThreads / 32], s_b[kThreads / 32];
+// Exclusive prefix sums over the block of kN values a thread, continuing `running` (shared: the
+// totals of earlier calls, which this call adds its own to).
+template <int kThreads, int kN>
+__device__ __forceinline__ void block_exclusive_sums(int64_t (&v)[kN], int64_t (&running)[kN]) {
+  __shared__ int64_t s_warp[kN][kThreads / 32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  int64_t ia = a, ib = b;
-  for (int d = 1; d < 32; d *= 2) {
-    const int64_t na = __shfl_up_sync(0xffffffffu, ia, d), nb = __shfl_up_sync(0xffffffffu, ib, d);
-    if (lane >= d) ia += na, ib += nb;
+  for (int i = 0; i < kN; ++i) {
+    int64_t inclusive = v[i];
+    for (int d = 1; d < 32; d *= 2) {
+      const int64_t n = __shfl_up_sync(0xffffffffu, inclusive, d);
+      if (lane >= d) inclusive += n;
+    }
+    if (lane == 31) s_warp[i][warp] = inclusive;
+    v[i] = inclusive - v[i];
   }
-  if (lane == 31) s_a[warp] = ia, s_b[warp] = ib;
   __syncthreads();
-  int64_t before_a = 0, before_b = 0;
-  total_a = total_b = 0;
-  for (int w = 0; w < kThreads / 32; ++w) {
-    if (w < warp) before_a += s_a[w], before_b += s_b[w];
-    total_a += s_a[w];
-    total_b += s_b[w];
+  for (int i = 0; i < kN; ++i) {
+    int64_t before = running[i];
+    for (int w = 0; w < warp; ++w) before += s_warp[i][w];
+    v[i] += before;
   }
-  __syncthreads();  // s_a, s_b are read before the next call writes them
-  a = before_a + ia - a;
-  b = before_b + ib - b;
+  __syncthreads();  // every thread has read running and s_warp
+  if (threadIdx.x < kN) {
+    int64_t total = 0;
+    for (int w = 0; w < kThreads / 32; ++w) total += s_warp[threadIdx.x][w];
+    running[threadIdx.x] += total;
+  }
+  __syncthreads();  // running is updated before it is read, and s_warp before the next call writes it
 }
 
-// Block `plan_block` of the plan's blocks writes entries [plan_block * kThreads, +kThreads), and
-// block 0 the header. Every thread of the block calls it (it synchronises the block). Batch has
-// num_draft(b) and keys_before(b) (the verify indptr); negative counts read as 0.
+// The sum (kMax: the maximum) over the block of one value a thread.
+template <int kThreads, bool kMax = false>
+__device__ __forceinline__ int64_t block_reduce(int64_t v) {
+  __shared__ int64_t s_warp[kThreads / 32];
+  for (int d = 16; d > 0; d /= 2) {
+    const int64_t n = __shfl_xor_sync(0xffffffffu, v, d);
+    v = kMax ? (n > v ? n : v) : v + n;
+  }
+  if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = s_warp[0];
+  for (int w = 1; w < kThreads / 32; ++w) v = kMax ? (s_warp[w] > v ? s_warp[w] : v) : v + s_warp[w];
+  __syncthreads();  // s_warp is read before the next call writes it
+  return v;
+}
+
+// Row blocks and units (pairs of key tiles) of request b; negative counts read as 0.
+template <class Batch>
+__device__ __forceinline__ void request_work(const PlanArgs& a, const Batch& batch, int b, int64_t& blocks, int64_t& units) {
+  const int64_t drafts = batch.num_draft(b), keys = batch.keys_before(b + 1) - batch.keys_before(b);
+  blocks = ((drafts > 0 ? drafts : 0) * a.heads + kRowsPerBlock - 1) / kRowsPerBlock;
+  units = ((keys > 0 ? keys : 0) + kUnitKeys - 1) / kUnitKeys;
+}
+
+// Pieces of a row block of `units` cut into pieces of at most `piece_units` (32-bit: units come
+// from int32 indptrs, so they are below 2^25; 64-bit divisions spill in the preparation kernel).
+__host__ __device__ __forceinline__ int pieces_of(int64_t units, int piece_units) {
+  const int u = static_cast<int>(units);
+  return u > piece_units ? (u - 1) / piece_units + 1 : 1;
+}
+constexpr int kUncut = 0x7fffffff;  // piece units that cut nothing
+// Units [begin, end) of piece k of n of a row block: the first units % n pieces one unit longer.
+__host__ __device__ __forceinline__ int64_t piece_unit_range(int64_t units, int k, int n) {
+  const int u = static_cast<int>(units), q = u / n, r = u % n;
+  const int begin = k * q + (k < r ? k : r);
+  return int64_t(begin) << 32 | (begin + q + (k < r ? 1 : 0));
+}
+
+// The split kernel's piece length c (the header comment), and the units of the longest request
+// with row blocks; every thread of the block gets both. Not inlined: inlined into the
+// preparation kernel (64 registers a thread), it spills.
+struct PieceLength {
+  int units;             // c
+  int64_t longest;       // units of the longest request with row blocks
+};
+template <int kThreads, class Batch>
+__device__ __forceinline__ PieceLength split_piece_units(const PlanArgs& a, const Batch& batch) {
+  int64_t work = 0, rows = 0, longest = 0;
+  for (int b = threadIdx.x; b < a.batch; b += kThreads) {
+    int64_t blocks, units;
+    request_work(a, batch, b, blocks, units);
+    work += blocks * units;
+    rows += blocks;
+    if (blocks > 0 && units > longest) longest = units;
+  }
+  work = block_reduce<kThreads>(work);
+  rows = block_reduce<kThreads>(rows);
+  longest = block_reduce<kThreads, true>(longest);
+  if (a.splits <= 1) return {kUncut, longest};
+  const int64_t nominal = a.capacity - a.batch, wave = a.ctas < kMaxPieceBudget ? a.ctas : kMaxPieceBudget;
+  int64_t budget = nominal * a.splits < wave ? nominal * a.splits : wave;
+  if (rows > budget) budget = rows;
+  auto fits = [&](int c) {
+    int64_t pieces = 0;
+    for (int b = threadIdx.x; b < a.batch; b += kThreads) {
+      int64_t blocks, units;
+      request_work(a, batch, b, blocks, units);
+      pieces += blocks * pieces_of(units, c);
+    }
+    return block_reduce<kThreads>(pieces) <= budget;
+  };
+  // The least c in [lo, hi] that fits (hi, the longest row block, fits: one piece each). The
+  // lower bound is the answer for equal requests, so it is tried first.
+  int lo = static_cast<int>(budget > 0 ? (work + budget - 1) / budget : 1), hi = static_cast<int>(longest);
+  // At most kPieceSlotsPerSplit * splits pieces a row block: its partial slots.
+  const int64_t slots = int64_t(kPieceSlotsPerSplit) * a.splits;
+  if ((longest + slots - 1) / slots > lo) lo = static_cast<int>((longest + slots - 1) / slots);
+  if (lo < 1) lo = 1;
+  if (hi < lo) hi = lo;
+  if (fits(lo)) return {lo, longest};
+  ++lo;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (fits(mid)) hi = mid; else lo = mid + 1;
+  }
+  return {hi, longest};
+}
+
+// Block `plan_block` of the plan's blocks writes entries [plan_block * kThreads, +kThreads) of
+// the row block and piece arrays, and block 0 the header. Every thread of the block calls it (it
+// synchronises the block). Batch has num_draft(b) and keys_before(b) (the verify indptr).
 template <int kThreads, class Batch>
 __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch& batch, int plan_block) {
   static_assert(kPlanChunk % kThreads == 0, "a chunk is whole requests per thread");
   constexpr int kPerThread = kPlanChunk / kThreads;
   __shared__ int64_t s_block_end[kPlanChunk];   // inclusive: row blocks of requests up to this one
   __shared__ int64_t s_item_start[kPlanChunk];  // items of the requests before this one
-  __shared__ unsigned long long s_longest;      // units of the longest request with row blocks
-  if (threadIdx.x == 0) s_longest = 0;
-  __syncthreads();
+  __shared__ int64_t s_piece_start[kPlanChunk]; // pieces of the requests before this one
+  __shared__ int s_pieces[kPlanChunk];          // pieces of each row block of this request
+  const PieceLength length = split_piece_units<kThreads>(a, batch);
+  const int piece_units = length.units;
   const int64_t entry = int64_t(plan_block) * kThreads + threadIdx.x;
-  const int64_t last_entry = int64_t(plan_block + 1) * kThreads - 1;
-  auto work = [&](int b, int64_t& blocks, int64_t& units) {
-    const int64_t drafts = batch.num_draft(b), keys = batch.keys_before(b + 1) - batch.keys_before(b);
-    blocks = ((drafts > 0 ? drafts : 0) * a.heads + kRowsPerBlock - 1) / kRowsPerBlock;
-    units = ((keys > 0 ? keys : 0) + kUnitKeys - 1) / kUnitKeys;
-  };
-  int64_t blocks_before = 0, items_before = 0;
+  // Recomputed where they are used: held across the scan, they spill in the staged preparation.
+  auto row_fields = [&] { return a.plan + kPlanHeader; };
+  auto piece_fields = [&] { return a.plan + kPlanHeader + kPlanFields * a.capacity; };
+  auto pieces_capacity = [&] { return a.capacity + kMaxPieceBudget; };
+  // Prefix sums of (row blocks << 32 | pieces), which both stay below 2^32, and of items.
+  enum { kBlocksPieces, kItems };
+  __shared__ int64_t s_before[2];  // of the chunks scanned
+  if (threadIdx.x < 2) s_before[threadIdx.x] = 0;
+  __syncthreads();
   for (int c0 = 0; c0 < a.batch; c0 += kPlanChunk) {
     int64_t blocks[kPerThread], units[kPerThread];
-    int64_t my_blocks = 0, my_items = 0, longest = 0;
+    int64_t mine[2] = {0, 0};
     for (int i = 0; i < kPerThread; ++i) {
       const int b = c0 + threadIdx.x * kPerThread + i;
       blocks[i] = units[i] = 0;
-      if (b < a.batch) work(b, blocks[i], units[i]);
-      my_blocks += blocks[i];
-      my_items += blocks[i] * units[i];
-      if (blocks[i] > 0 && units[i] > longest) longest = units[i];
+      if (b < a.batch) request_work(a, batch, b, blocks[i], units[i]);
+      const int pieces = pieces_of(units[i], piece_units);
+      s_pieces[threadIdx.x * kPerThread + i] = pieces;
+      mine[kBlocksPieces] += blocks[i] << 32 | blocks[i] * pieces;
+      mine[kItems] += blocks[i] * units[i];
     }
-    if (longest > 0) atomicMax(&s_longest, static_cast<unsigned long long>(longest));
-    int64_t block_offset = my_blocks, item_offset = my_items, chunk_blocks, chunk_items;
-    block_exclusive_sum2<kThreads>(block_offset, item_offset, chunk_blocks, chunk_items);
-    block_offset += blocks_before;
-    item_offset += items_before;
+    const int64_t blocks_before = s_before[kBlocksPieces] >> 32;
+    block_exclusive_sums<kThreads, 2>(mine, s_before);
     for (int i = 0; i < kPerThread; ++i) {
-      s_item_start[threadIdx.x * kPerThread + i] = item_offset;
-      block_offset += blocks[i];
-      item_offset += blocks[i] * units[i];
-      s_block_end[threadIdx.x * kPerThread + i] = block_offset;
+      s_item_start[threadIdx.x * kPerThread + i] = mine[kItems];
+      s_piece_start[threadIdx.x * kPerThread + i] = mine[kBlocksPieces] & 0xffffffff;
+      mine[kBlocksPieces] += blocks[i] << 32 | blocks[i] * s_pieces[threadIdx.x * kPerThread + i];
+      mine[kItems] += blocks[i] * units[i];
+      s_block_end[threadIdx.x * kPerThread + i] = mine[kBlocksPieces] >> 32;
     }
     __syncthreads();
-    if (entry < a.capacity && entry >= blocks_before && entry < blocks_before + chunk_blocks) {
+    if (entry < a.capacity && entry >= blocks_before && entry < (s_before[kBlocksPieces] >> 32)) {
       // The request of this row block: the first whose block end passes it.
       int lo = 0, hi = min(kPlanChunk, a.batch - c0) - 1;
       while (lo < hi) {
@@ -140,36 +263,55 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
         if (s_block_end[mid] > entry) hi = mid; else lo = mid + 1;
       }
       int64_t request_blocks, request_units;
-      work(c0 + lo, request_blocks, request_units);
+      request_work(a, batch, c0 + lo, request_blocks, request_units);
       const int64_t block = entry - (s_block_end[lo] - request_blocks);
-      int64_t* const out = a.plan + kPlanHeader + entry;
+      const int pieces = s_pieces[lo];
+      const int64_t first_piece = s_piece_start[lo] + block * pieces;
+      int64_t* const out = row_fields() + entry;
       out[kPlanRequest * a.capacity] = c0 + lo;
       out[kPlanBlock * a.capacity] = block;
       out[kPlanUnits * a.capacity] = request_units;
       out[kPlanFirstItem * a.capacity] = s_item_start[lo] + block * request_units;
+      out[kPlanFirstPiece * a.capacity] = first_piece;
+      for (int k = 0; k < pieces && first_piece + k < pieces_capacity(); ++k) {
+        int64_t* const piece = piece_fields() + first_piece + k;
+        piece[kPieceRow * pieces_capacity()] = (int64_t(c0 + lo) << 32) | block;
+        piece[kPieceUnits * pieces_capacity()] = piece_unit_range(request_units, k, pieces);
+        piece[kPieceSlot * pieces_capacity()] = a.splits > 1 ? int64_t(pieces) << 32 | k : -1;
+      }
     }
-    blocks_before += chunk_blocks;
-    items_before += chunk_items;
     __syncthreads();  // the chunk's shared entries are read before the next chunk writes them
-    // Every entry of this block is written: only block 0 (the header) needs the totals.
-    if (plan_block != 0 && blocks_before > last_entry) break;
+    // Every entry of this block is a row block's (so a piece's too) and written: only block 0
+    // (the header) needs the totals.
+    if (plan_block != 0 && (s_before[kBlocksPieces] >> 32) >= int64_t(plan_block + 1) * kThreads) break;
   }
-  const int64_t row_blocks = blocks_before < a.capacity ? blocks_before : a.capacity;
+  const int64_t all_blocks = s_before[kBlocksPieces] >> 32, all_items = s_before[kItems];
+  const int64_t all_pieces = s_before[kBlocksPieces] & 0xffffffff;
+  const int64_t row_blocks = all_blocks < a.capacity ? all_blocks : a.capacity;
+  // More row blocks than the shapes allow (only from indptrs that were not sanitized): no pieces.
+  const int64_t total_pieces = all_blocks < a.capacity ? all_pieces : 0;
   if (entry < a.capacity && entry >= row_blocks) {
-    int64_t* const out = a.plan + kPlanHeader + entry;
+    int64_t* const out = row_fields() + entry;
     out[kPlanRequest * a.capacity] = a.batch;
     out[kPlanBlock * a.capacity] = 0;
     out[kPlanUnits * a.capacity] = 0;
-    out[kPlanFirstItem * a.capacity] = items_before;
+    out[kPlanFirstItem * a.capacity] = all_items;
+    out[kPlanFirstPiece * a.capacity] = total_pieces;
+  }
+  if (entry < pieces_capacity() && entry >= all_pieces) {
+    int64_t* const piece = piece_fields() + entry;
+    piece[kPieceRow * pieces_capacity()] = int64_t(a.batch) << 32;
+    piece[kPieceUnits * pieces_capacity()] = 0;
+    piece[kPieceSlot * pieces_capacity()] = -1;
   }
   if (plan_block == 0 && threadIdx.x == 0) {
     // Equal shares where the longest piece times the waves of pieces exceeds a share by more than
     // a cut costs (unequal requests), or where pieces with splits would not fit 2 slots per CTA.
-    const int64_t total = items_before, ctas = a.ctas, splits = a.splits;
+    const int64_t total = all_items, ctas = a.ctas, splits = a.splits;
     const int64_t used = total < ctas ? total : ctas;
     bool equal = false;
     if (total > 0) {
-      const int64_t longest_piece = (static_cast<int64_t>(s_longest) + splits - 1) / splits;
+      const int64_t longest_piece = (length.longest + splits - 1) / splits;
       const int64_t share = (total + used - 1) / used;
       const int64_t waves = (row_blocks * splits + ctas - 1) / ctas;
       const bool pieces_fit = splits == 1 || row_blocks * splits <= 2 * ctas;
@@ -183,7 +325,7 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
     h[kPlanHeads] = a.heads;
     h[kPlanCtas] = ctas;
     h[kPlanSplits] = splits;
-    h[kPlanHeader - 1] = 0;
+    h[kPlanPieces] = total_pieces;
   }
 }
 

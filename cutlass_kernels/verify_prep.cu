@@ -27,7 +27,7 @@ namespace {
 
 constexpr int kThreads = 256;
 // 64 registers a thread: four blocks an SM, as many as the index build's one-position form fits.
-constexpr int kMinBlocksPerSm = 4;
+constexpr int kMinBlocksPerSm = 3;
 
 // kStaged: every block stages the batch (B <= kSharedBatch); else `bounds` holds what
 // sanitize_indptrs_kernel found, launched just before on the same stream. kPositions: positions a

@@ -29,12 +29,19 @@ CUT_COST_UNITS = 8
 PARTIAL_SLOTS_PER_CTA = 2  # a persistent CTA's first and last segment
 
 # The schedule plan (int64), made by the preparation from the sanitized batch and read by the
-# sm90 kernels and the persistent combine: PLAN_HEADER entries, then PLAN_FIELDS arrays of one
-# entry per row block, `plan_capacity` entries each (cutlass_kernels/verify_plan.cuh).
+# sm90 kernels and their combines: PLAN_HEADER entries, PLAN_FIELDS arrays of one entry per row
+# block (`plan_capacity` entries each), then PIECE_FIELDS arrays of one entry per piece of the
+# split kernel (`piece_capacity` entries each; cutlass_kernels/verify_plan.cuh).
 PLAN_HEADER = 8
-PLAN_FIELDS = 4
+PLAN_FIELDS = 5
+PIECE_FIELDS = 3
+MAX_PIECE_BUDGET = 256  # pieces beyond the row blocks, at most: a wave of CTAs on any GPU
+# Partial slots of the split kernel per split of the shapes: a row block of a long request may be
+# cut into this many times the splits, and its pieces write partials [slot, row].
+PIECE_SLOTS_PER_SPLIT = 2
 # Header entries: the choice (1: equal shares, 0: pieces), the row blocks and items (row block,
-# unit) of all requests, the CTAs with an equal share, and the schedule it was made for.
+# unit) of all requests, the CTAs with an equal share, the schedule it was made for, and the
+# split kernel's pieces.
 PLAN_EQUAL_SHARES = 0
 PLAN_ROW_BLOCKS = 1
 PLAN_ITEMS = 2
@@ -42,11 +49,20 @@ PLAN_USED = 3
 PLAN_HEADS = 4
 PLAN_CTAS = 5
 PLAN_SPLITS = 6
-# Fields of a row block: its request, its block within the request, its units, its first item.
+PLAN_PIECES = 7
+# Fields of a row block: its request, its block within the request, its units, its first item,
+# its first piece.
 PLAN_REQUEST = 0
 PLAN_BLOCK = 1
 PLAN_UNITS = 2
 PLAN_FIRST_ITEM = 3
+PLAN_FIRST_PIECE = 4
+# Fields of a piece: its row (request << 32 | block), its units (begin << 32 | end), its partial
+# slot (pieces of its row block << 32 | its index among them; -1: the whole row block, written to
+# out/lse directly).
+PIECE_ROW = 0
+PIECE_UNITS = 1
+PIECE_SLOT = 2
 
 
 def plan_capacity(num_tokens, heads, batch):
@@ -54,8 +70,22 @@ def plan_capacity(num_tokens, heads, batch):
     return (num_tokens * heads + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK + batch
 
 
+def piece_capacity(num_tokens, heads, batch):
+    """Pieces a plan has room for: one per row block, or a budget of at most MAX_PIECE_BUDGET."""
+    return plan_capacity(num_tokens, heads, batch) + MAX_PIECE_BUDGET
+
+
 def plan_numel(num_tokens, heads, batch):
-    return PLAN_HEADER + PLAN_FIELDS * plan_capacity(num_tokens, heads, batch)
+    return (PLAN_HEADER + PLAN_FIELDS * plan_capacity(num_tokens, heads, batch)
+            + PIECE_FIELDS * piece_capacity(num_tokens, heads, batch))
+
+
+def split_grid(num_tokens, heads, batch, splits):
+    """CTAs of the sm90 split kernel, from shapes: room for every piece the plan can make (the
+    row blocks, or the shapes' row blocks times `splits`, at most MAX_PIECE_BUDGET) and one more,
+    whose CTAs write the padding rows."""
+    nominal = (num_tokens * heads + ROWS_PER_BLOCK - 1) // ROWS_PER_BLOCK
+    return max(plan_capacity(num_tokens, heads, batch), min(nominal * splits, MAX_PIECE_BUDGET) + 1)
 
 # Compact mask: one bit per draft column, MASK_WORD_BITS per int64 word.
 MASK_WORD_BITS = 64

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from .contract import (CUT_COST_UNITS, MASK_LAYOUTS, PACKED_MASK_BITS, PLAN_BLOCK, PLAN_CTAS, PLAN_EQUAL_SHARES,
-                       PLAN_FIELDS, PLAN_FIRST_ITEM, PLAN_HEADER, PLAN_HEADS, PLAN_ITEMS, PLAN_REQUEST, PLAN_ROW_BLOCKS,
-                       PLAN_SPLITS, PLAN_UNITS, PLAN_USED, ROWS_PER_BLOCK, UNIT_KEYS, plan_capacity)
+from .contract import (CUT_COST_UNITS, MASK_LAYOUTS, MAX_PIECE_BUDGET, PACKED_MASK_BITS, PIECE_FIELDS, PIECE_ROW, PIECE_SLOT,
+                       PIECE_SLOTS_PER_SPLIT, PIECE_UNITS, PLAN_BLOCK, PLAN_CTAS, PLAN_EQUAL_SHARES, PLAN_FIELDS,
+                       PLAN_FIRST_ITEM, PLAN_FIRST_PIECE, PLAN_HEADER, PLAN_HEADS, PLAN_ITEMS, PLAN_PIECES, PLAN_REQUEST, PLAN_ROW_BLOCKS,
+                       PLAN_SPLITS, PLAN_UNITS, PLAN_USED, ROWS_PER_BLOCK, UNIT_KEYS, piece_capacity, plan_capacity)
 from . import status as status_layout
 from .status import FAULTS, write_keys
 
@@ -228,12 +229,44 @@ def _ceil_div(a: torch.Tensor, b) -> torch.Tensor:
     return torch.div(a + (b - 1), b, rounding_mode="floor")
 
 
+_UNCUT = 1 << 62  # piece units that cut nothing (verify_plan.cuh's kUncut)
+
+
+def _pieces_of(units: torch.Tensor, piece_units) -> torch.Tensor:
+    return torch.where(units > piece_units, _ceil_div(units, piece_units), 1)
+
+
+def _split_piece_units(blocks: torch.Tensor, units: torch.Tensor, capacity: int, batch: int, ctas: int,
+                       splits: int) -> torch.Tensor:
+    """The split kernel's piece length (verify_plan.cuh's split_piece_units): the least c in
+    [max(ceil(work / budget), ceil(longest / (PIECE_SLOTS_PER_SPLIT * splits))), longest] for
+    which every row block cut into pieces of at most c units makes no more pieces than the budget;
+    a binary search of fixed length (units < 2^25)."""
+    if splits <= 1:
+        return units.new_tensor(_UNCUT)
+    work, rows = (blocks * units).sum(), blocks.sum()
+    longest = torch.where(blocks > 0, units, 0).max()
+    budget = torch.clamp(rows, min=min(max(capacity - batch, 0) * splits, min(ctas, MAX_PIECE_BUDGET)))
+    lo = torch.where(budget > 0, _ceil_div(work, budget.clamp(min=1)), 1)
+    lo = torch.maximum(lo, _ceil_div(longest, PIECE_SLOTS_PER_SPLIT * splits)).clamp(min=1)
+    hi = torch.maximum(longest, lo)
+    for _ in range(26):
+        mid = (lo + hi) // 2
+        fits = (blocks * _pieces_of(units, mid)).sum() <= budget
+        searching = lo < hi
+        hi = torch.where(searching & fits, mid, hi)
+        lo = torch.where(searching & ~fits, mid + 1, lo)
+    return hi
+
+
 def verify_plan(qo_indptr: torch.Tensor, verify_indptr: torch.Tensor, num_rows: int, heads: int, ctas: int,
                 splits: int) -> torch.Tensor:
     """The sm90 kernels' schedule plan of a batch, for `ctas` CTAs and `splits` key splits per row
-    block: int64 [plan_numel(num_rows, heads, B)] in the layout of contract.PLAN_* (the CPU twin
-    of cutlass_kernels/verify_plan.cuh, bit for bit). The preparation makes it from the sanitized
-    indptrs; what it means is backends/sm90/persistent_schedule.py. A tensor program: no host reads."""
+    block: int64 [plan_numel(num_rows, heads, B)] in the layout of contract.PLAN_* and PIECE_* (the
+    CPU twin of cutlass_kernels/verify_plan.cuh, bit for bit wherever the row blocks fit the
+    shapes, as they do in every sanitized batch). The preparation makes it from the sanitized
+    indptrs; what it means is backends/sm90/persistent_schedule.py and schedule.py. A tensor
+    program: no host reads."""
     device = qo_indptr.device
     batch = qo_indptr.numel() - 1
     capacity = plan_capacity(num_rows, heads, batch)
@@ -261,16 +294,40 @@ def verify_plan(qo_indptr: torch.Tensor, verify_indptr: torch.Tensor, num_rows: 
     waves = _ceil_div(row_blocks * splits, ctas)
     pieces_fit = (row_blocks * splits <= 2 * ctas) | (splits == 1)
     equal = (total > 0) & (~pieces_fit | (share + CUT_COST_UNITS < waves * longest))
+    # The split kernel's pieces: row block r of request b in pieces[b] pieces from first_piece[r].
+    pieces = _pieces_of(units, _split_piece_units(blocks, units, capacity, batch, ctas, splits))
+    request_pieces = blocks * pieces
+    all_pieces = request_pieces.sum()
+    first_piece = torch.where(live, torch.cumsum(request_pieces, 0)[request] - request_pieces[request]
+                              + block * pieces[request], all_pieces)
+    slots = piece_capacity(num_rows, heads, batch)
+    piece = torch.arange(slots, device=device)
+    # Its row block, among the row blocks and one past them (the capacity may be 0).
+    starts = torch.cat([first_piece, all_pieces.reshape(1)])
+    owner = (torch.searchsorted(starts, piece, right=True) - 1).clamp(min=0)
+    owner_request = torch.cat([request, request.new_full((1,), batch)])[owner]
+    owner_block = torch.cat([block, block.new_zeros(1)])[owner]
+    real = piece < all_pieces
+    k, count, whole = piece - starts[owner], pieces[owner_request], units[owner_request]
+    q, r = whole // count, whole % count  # the first r pieces one unit longer
+    begin = k * q + torch.minimum(k, r)
+    piece_row = torch.where(real, owner_request * 2**32 + owner_block, batch * 2**32)
+    piece_units = torch.where(real, begin * 2**32 + begin + q + (k < r).long(), 0)
+    piece_slot = torch.where(real & (splits > 1), count * 2**32 + k, -1)
     header = torch.zeros(PLAN_HEADER, dtype=torch.long, device=device)
     header[PLAN_EQUAL_SHARES] = equal.long()
     header[PLAN_ROW_BLOCKS] = row_blocks
     header[PLAN_ITEMS] = total
     header[PLAN_USED] = used
     header[PLAN_HEADS], header[PLAN_CTAS], header[PLAN_SPLITS] = heads, ctas, splits
+    header[PLAN_PIECES] = torch.where(block_end[-1] < capacity, all_pieces, 0)
     fields = [None] * PLAN_FIELDS
     fields[PLAN_REQUEST], fields[PLAN_BLOCK], fields[PLAN_FIRST_ITEM] = request, block, first_item
     fields[PLAN_UNITS] = torch.where(live, units[request], 0)
-    return torch.cat([header] + fields)
+    fields[PLAN_FIRST_PIECE] = first_piece
+    piece_fields = [None] * PIECE_FIELDS
+    piece_fields[PIECE_ROW], piece_fields[PIECE_UNITS], piece_fields[PIECE_SLOT] = piece_row, piece_units, piece_slot
+    return torch.cat([header] + fields + piece_fields)
 
 
 def _write_status(status, faults: dict, values: dict, publish: bool = True) -> None:

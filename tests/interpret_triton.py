@@ -55,6 +55,15 @@ ok = (torch.allclose(out[:3], want_out, atol=1e-5) and torch.allclose(lse[:3], t
       and torch.isnan(out[3]).all() and torch.isnan(lse[3]).all())
 failures += not ok
 print(f"combine with an empty split holding NaN, padding rows untouched: {'ok' if ok else 'FAIL'}")
+# The same with slot 0 eager and the others late, read only where their LSE is live (the sm90
+# pieces: slots past a row block's last piece have lse -inf and were never written).
+out = torch.full((4, 2, 512), float("nan"))
+lse = torch.full((4, 2), float("nan"))
+combine_splits(part_out, part_lse, torch.tensor([0, 3]), out, lse, eager_slots=1)
+ok = (torch.allclose(out[:3], want_out, atol=1e-5) and torch.allclose(lse[:3], torch.logsumexp(part_lse[[0, 2], :6], 0).reshape(3, 2))
+      and torch.isnan(out[3]).all())
+failures += not ok
+print(f"combine of an eager slot and late slots: {'ok' if ok else 'FAIL'}")
 # The persistent kernel's combine, with equal shares and with pieces of 3 splits: partials where
 # the reference plan puts them, NaN in every other slot; rows of row blocks written whole (by the
 # kernel itself) stay untouched. The combine finds them in the preparation's plan (its CPU twin).

@@ -141,7 +141,7 @@ def read_plan(plan, capacity):
 
 
 def segments_of_plan(plan, capacity, ctas, splits):
-    """Each CTA's segments in processing order, as persistent_plan.cuh reads them from the plan."""
+    """Each CTA's segments in processing order, as tile_scheduler.cuh reads them from the plan."""
     header, field = read_plan(plan, capacity)
     row_blocks, total, used = header[contract.PLAN_ROW_BLOCKS], header[contract.PLAN_ITEMS], header[contract.PLAN_USED]
     equal = bool(header[contract.PLAN_EQUAL_SHARES])
@@ -227,8 +227,9 @@ def test_plan_gives_the_schedule_segments_and_slots(seed):
     found = slots_of_plan(plan_tensor, capacity, ctas, splits, qo, heads)
     for b, j in blocks:
         assert found.get((b, j), []) == slots_of_row_block(qo, kv, heads, ctas, splits, b, j)
-    # Past the row blocks: request B, no units, first item = all items.
+    # Past the row blocks: request B, no units, first item = all items, first piece = all pieces.
     row_blocks = header[contract.PLAN_ROW_BLOCKS]
     assert row_blocks == len(blocks)
     for r in range(row_blocks, capacity):
-        assert [field(f, r) for f in range(contract.PLAN_FIELDS)] == [len(qo) - 1, 0, 0, header[contract.PLAN_ITEMS]]
+        assert [field(f, r) for f in range(contract.PLAN_FIELDS)] == [len(qo) - 1, 0, 0, header[contract.PLAN_ITEMS],
+                                                                     header[contract.PLAN_PIECES]]

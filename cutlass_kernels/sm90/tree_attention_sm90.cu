@@ -83,14 +83,18 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
   check_index_tensor(qo_indptr, "qo_indptr");
   TORCH_CHECK(num_splits >= 1, "ddtree_op: num_splits must be >= 1");
   TORCH_CHECK(persistent_ctas >= 0, "ddtree_op: persistent_ctas must be >= 0");
+  const int64_t tokens = q.size(0), heads = q.size(1), batch = qo_indptr.numel() - 1;
+  // Partial rows: two slots of 64 per CTA (persistent), kPieceSlotsPerSplit * splits slots of
+  // T * H (split, with splits).
+  const int64_t split_ctas = ddtree::split_grid(tokens, heads, batch, num_splits);
   const bool partials = num_splits > 1 || persistent_ctas > 0;
-  const int64_t partial_rows = persistent_ctas > 0 ? 2 * persistent_ctas * 64 : num_splits * q.size(0) * q.size(1);
+  const int64_t partial_rows =
+      persistent_ctas > 0 ? 2 * persistent_ctas * 64 : ddtree::kPieceSlotsPerSplit * num_splits * tokens * heads;
   TORCH_CHECK(!partials || (part_out.scalar_type() == at::kFloat && part_out.is_contiguous() && part_out.numel() >= partial_rows * 512 &&
                             part_lse.scalar_type() == at::kFloat && part_lse.is_contiguous() && part_lse.numel() >= partial_rows),
               "ddtree_op: 'part_out'/'part_lse' must be contiguous float32 with room for ", partial_rows, " partial rows");
-  const int64_t tokens = q.size(0), heads = q.size(1), batch = qo_indptr.numel() - 1;
-  // The schedule plan (verify_plan.cuh), made for these heads and, for the persistent kernel,
-  // these CTAs and splits: the kernel checks that on the device and reads nothing otherwise.
+  // The schedule plan (verify_plan.cuh), made for these heads and splits (and, for the persistent
+  // kernel, these CTAs): the kernel checks that on the device and reads nothing otherwise.
   TORCH_CHECK(plan.is_cuda() && plan.device() == q.device() && plan.scalar_type() == at::kLong && plan.is_contiguous() &&
                   plan.numel() == ddtree::plan_numel(tokens, heads, batch),
               "ddtree_op: argument 'plan' must be a contiguous int64 tensor of ", ddtree::plan_numel(tokens, heads, batch),
@@ -132,7 +136,6 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
   params.status = ddtree::make_status_view(status.has_value() ? status->data_ptr<int32_t>() : nullptr, false);
 
 
-  const int row_blocks = static_cast<int>((tokens * heads + 63) / 64);
   auto stream = c10::cuda::getCurrentCUDAStream();
   const bool bf16 = q.scalar_type() == at::kBFloat16;
   if (persistent_ctas > 0) {
@@ -140,7 +143,7 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
     bf16 ? launch_verify_attention<cutlass::bfloat16_t, true>(params, grid, stream)
          : launch_verify_attention<cutlass::half_t, true>(params, grid, stream);
   } else {
-    const dim3 grid(row_blocks + static_cast<int>(batch) + 1, static_cast<unsigned>(num_splits));
+    const dim3 grid(static_cast<unsigned>(split_ctas));
     bf16 ? launch_verify_attention<cutlass::bfloat16_t, false>(params, grid, stream)
          : launch_verify_attention<cutlass::half_t, false>(params, grid, stream);
   }

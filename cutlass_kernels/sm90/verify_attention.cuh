@@ -1,18 +1,18 @@
 // Tree-masked MLA verify attention for sm_90a: the kernel, composed of the tile schedule
-// (split, or persistent: persistent_plan.cuh), the gather (gather.cuh), the main loop
+// (split, or persistent: tile_scheduler.cuh), the gather (gather.cuh), the main loop
 // (mainloop.cuh: the two warpgroups' seesaw over pairs of 64-key tiles, with the tree mask of
 // mask_policy.cuh and the online softmax of softmax.cuh) and the epilogue (epilogue.cuh).
 //
 // Both kernels have grids that are functions of shapes only (the rest is found on the device):
-// - split (kPersistent = false): grid (row blocks + B + 1, key splits). Block x of request b covers
-//   packed rows [64 * (x - first block of b), +64) of that request, row = draft * H + head, and
-//   split y the y-th equal share of its keys; leftover blocks write the padding rows
-//   (t >= qo_indptr[B]). With one split the kernel writes out/lse; with more, fp32 partials that
-//   a combine merges by LSE.
+// - split (kPersistent = false): grid (split_grid CTAs), CTA p attending piece p of the plan: a
+//   row block of one request (packed rows [64 block, +64), row = draft * H + head) and a range of
+//   its keys; CTAs past the pieces write the padding rows (t >= qo_indptr[B]). A row block in one
+//   piece writes out/lse; piece k of several writes fp32 partials [k, row] that a combine merges
+//   by LSE.
 // - persistent (kPersistent = true): grid (CTAs), each walking a list of segments (a row block and
 //   a range of its keys).
 // Which request a row block belongs to, and each CTA's segments, come from the plan that the
-// preparation made once for the batch (persistent_plan.cuh).
+// preparation made once for the batch (tile_scheduler.cuh).
 // Launched as a dependent of the kernel before it (../grid_dependency.cuh): the barriers are set
 // up while the preparation finishes, and nothing global is touched before it has.
 // With a status, the first CTA publishes what the preparation before it recorded (status.cuh):
@@ -32,7 +32,7 @@
 #include "epilogue.cuh"
 #include "gather.cuh"
 #include "mainloop.cuh"
-#include "persistent_plan.cuh"
+#include "tile_scheduler.cuh"
 #include "traits.cuh"
 #include "verify_launch.cuh"
 #include "verify_params.cuh"
@@ -44,7 +44,7 @@ namespace ddtree::sm90 {
 // thread's indices where it is asked, so that nothing is held across the segment loop.
 template <class Traits>
 __device__ __forceinline__ bool publishes_status(const VerifyParams& p) {
-  return p.status.data != nullptr && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == Traits::kMmaThreads - 1;
+  return p.status.data != nullptr && blockIdx.x == 0 && threadIdx.x == Traits::kMmaThreads - 1;
 }
 
 // With kOpaque, a copy of v that the compiler cannot see through: values derived from it are not
@@ -69,7 +69,7 @@ struct SegmentGeometry {
 };
 
 template <class Traits, bool kPersistent>
-__device__ __forceinline__ SegmentGeometry segment_geometry(const VerifyParams& p, const Segment& seg, int split) {
+__device__ __forceinline__ SegmentGeometry segment_geometry(const VerifyParams& p, const Segment& seg) {
   constexpr int kRows = Traits::kRows, kLatent = Traits::kLatent;
   SegmentGeometry g;
   g.q_lo = p.qo_indptr[seg.request];
@@ -78,25 +78,16 @@ __device__ __forceinline__ SegmentGeometry segment_geometry(const VerifyParams& 
   g.kv_len = p.verify_indptr[seg.request + 1] - g.kv_lo;
   g.num_rows = g.num_draft * p.heads;
   g.row0 = seg.block * kRows;
+  g.kv_begin = seg.unit_begin * kUnitKeys;
+  g.kv_end = min(g.kv_len, seg.unit_end * kUnitKeys);
   g.part_rows = g.part_lse_rows = nullptr;
-  if constexpr (kPersistent) {
-    g.kv_begin = seg.unit_begin * kUnitKeys;
-    g.kv_end = min(g.kv_len, seg.unit_end * kUnitKeys);
-    if (seg.slot >= 0) {
-      g.part_rows = p.part_out + int64_t(seg.slot) * kRows * kLatent;
-      g.part_lse_rows = p.part_lse + int64_t(seg.slot) * kRows;
-    }
-  } else {
-    const int per_split = (g.kv_len + p.num_splits - 1) / p.num_splits;
-    constexpr int kPairKeys = 2 * Traits::kKeys;  // splits hold whole pairs of tiles, so only the last pads
-    const int chunk = (per_split + kPairKeys - 1) / kPairKeys * kPairKeys;
-    g.kv_begin = split * chunk;
-    g.kv_end = min(g.kv_len, g.kv_begin + chunk);
-    if (p.num_splits > 1) {
-      const int64_t first = split * (int64_t(p.num_tokens) * p.heads) + g.q_lo * p.heads + g.row0;
-      g.part_rows = p.part_out + first * kLatent;
-      g.part_lse_rows = p.part_lse + first;
-    }
+  if (seg.slot >= 0 && kPersistent) {  // [slot, 64 rows]
+    g.part_rows = p.part_out + int64_t(seg.slot) * kRows * kLatent;
+    g.part_lse_rows = p.part_lse + int64_t(seg.slot) * kRows;
+  } else if (seg.slot >= 0) {  // [slot, T * H rows]
+    const int64_t first = seg.slot * (int64_t(p.num_tokens) * p.heads) + g.q_lo * p.heads + g.row0;
+    g.part_rows = p.part_out + first * kLatent;
+    g.part_lse_rows = p.part_lse + first;
   }
   g.num_tiles = g.kv_end > g.kv_begin ? (g.kv_end - g.kv_begin + Traits::kKeys - 1) / Traits::kKeys : 0;
   return g;
@@ -121,7 +112,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   uint8_t* const smem_base = smem_raw + align_pad;
   constexpr int kStateOffset = Traits::kSmemQ + Traits::kStages * Traits::kSmemK;
   const int block = blockIdx.x;
-  const int split = blockIdx.y;
   const bool gather_role = threadIdx.x / 128 == Traits::kGatherWarpgroup;
 
   // Set-up that reads nothing another kernel writes, while the preparation may still run
@@ -160,7 +150,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   };
 
   // The first segment: a row block of one request and a range of its keys, from the plan. Split
-  // schedule: the CTA's (block, split) alone. Persistent schedule: the CTA's first segment.
+  // schedule: the CTA's piece alone. Persistent schedule: the CTA's first segment.
   const PlanView schedule{p.plan, plan_capacity(p.num_tokens, p.heads, p.batch)};
   const int ctas = static_cast<int>(gridDim.x);
   // Later segments read the CTA's plan from shared memory (after the segment's barrier): held in
@@ -178,18 +168,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       if (publishes_status<Traits>(p)) publish_status(p.status);
       return;
     }
-  } else {
-    // The row block's entry is loaded with the header (one round trip); the grid has one block
-    // more than the plan has entries.
-    const int64_t entry = min(int64_t(block), schedule.capacity - 1);
-    seg.request = static_cast<int>(schedule.field(kPlanRequest, entry));
-    seg.block = static_cast<int>(schedule.field(kPlanBlock, entry));
-    const int row_blocks = planned_row_blocks(schedule, p.heads);
-    if (block >= row_blocks) {  // padding rows (split 0 only)
-      if (split == 0) zero_padding_block(p.qo_indptr[p.batch] * p.heads + int64_t(block - row_blocks) * kRows);
-      if (publishes_status<Traits>(p)) publish_status(p.status);
-      return;
+  } else if (!plan_piece(schedule, p.heads, p.num_splits, block, seg)) {
+    // Past the pieces: the padding rows, in blocks of 64 over the CTAs past the pieces (the grid
+    // has at least one more CTA than the plan has pieces).
+    const int pieces = static_cast<int>(min(schedule.header(kPlanPieces), int64_t(ctas)));
+    const int64_t padding_begin = p.qo_indptr[p.batch] * p.heads;
+    for (int64_t r = padding_begin + int64_t(block - pieces) * kRows; block >= pieces && r < int64_t(p.num_tokens) * p.heads;
+         r += int64_t(ctas - pieces) * kRows) {
+      zero_padding_block(r);
     }
+    if (publishes_status<Traits>(p)) publish_status(p.status);
+    return;
   }
 
   int pairs_done = 0;  // pairs of earlier segments: every chunk barrier completed one phase per pair
@@ -199,7 +188,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       const int wg_thread = opaque_if<kPersistent>(static_cast<int>(threadIdx.x)) % 128;
       uint8_t* const smem = smem_raw + opaque_if<kPersistent>(align_pad);
       SharedState& st = *reinterpret_cast<SharedState*>(smem + kStateOffset);
-      const SegmentGeometry g = segment_geometry<Traits, kPersistent>(p, seg, split);
+      const SegmentGeometry g = segment_geometry<Traits, kPersistent>(p, seg);
       GatherPlan<Traits> plan;
       plan.kv = static_cast<const Element*>(p.kv);
       plan.kv_stride = p.kv_stride;
@@ -235,7 +224,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     Element* smem_q = reinterpret_cast<Element*>(smem);
     Element* smem_k = reinterpret_cast<Element*>(smem + Traits::kSmemQ);
     SharedState& st = *reinterpret_cast<SharedState*>(smem + kStateOffset);
-    const SegmentGeometry g = segment_geometry<Traits, kPersistent>(p, seg, split);
+    const SegmentGeometry g = segment_geometry<Traits, kPersistent>(p, seg);
     SegmentKeys keys;
     keys.kv_begin = g.kv_begin;
     keys.num_tiles = g.num_tiles;
@@ -255,6 +244,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       gather_q<Traits>(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), q_src, q_valid, tid, &st.q_full);
     }
     if (segment == 0 && publishes_status<Traits>(p)) publish_status(p.status);
+    if constexpr (!kPersistent) {
+      // The first of a row block's pieces marks its slots past the last piece as empty (LSE
+      // -inf), so that the combine gives them no weight and loads no partial from those past the
+      // shapes' splits.
+      if (seg.slot == 0 && tid < kRows && g.row0 + tid < g.num_rows) {
+        const int64_t slot_stride = int64_t(p.num_tokens) * p.heads;
+        float* const lse_rows = p.part_lse + g.q_lo * p.heads + g.row0 + tid;
+        for (int k = seg.pieces; k < kPieceSlotsPerSplit * p.num_splits; ++k) lse_rows[k * slot_stride] = -INFINITY;
+      }
+    }
     if (num_pairs > 0) {
       Barrier::wait(&st.q_full, q_loads & 1);
       ++q_loads;

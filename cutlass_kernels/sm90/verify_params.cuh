@@ -27,8 +27,8 @@ struct VerifyParams {
   int64_t out_stride_token, out_stride_head;
   float* lse;
   int64_t lse_stride_token, lse_stride_head;
-  float* part_out;  // [splits, T * H, 512] when splits > 1
-  float* part_lse;  // [splits, T * H]
+  float* part_out;  // [kPieceSlotsPerSplit * splits, T * H, 512] when splits > 1
+  float* part_lse;  // [kPieceSlotsPerSplit * splits, T * H]
   int num_tokens, heads, batch, num_splits;
   const int64_t* plan;  // the schedule plan (../verify_plan.cuh), made for these heads, CTAs and splits
   // Persistent kernel (grid = CTAs): part_out is [2 * CTAs, 64, 512] and part_lse [2 * CTAs, 64],

@@ -1,12 +1,13 @@
 """The sm_90a CuTe/wgmma kernel (cutlass_kernels/sm90/) behind the attention op's "sm90" backend.
 
 Same contract as the Triton fallback: packed (draft, head) rows, combined indices, compact mask,
-shape-only schedule, LSE combine of partials in Triton. Two kernels, chosen from shapes: "split"
-(a CTA per row block and key split, as the Triton kernel) and "persistent" (one CTA per SM
-walking its segments: the same pieces, or equal shares of all the work when requests are
-unequal; persistent_schedule.py). Both read the schedule plan that the preparation made on the
-device for the CTAs and splits of plan_shape (cutlass_kernels/verify_plan.cuh), and so does the
-persistent combine; a call without one, or for another schedule, makes its own in one launch.
+shape-only grids, LSE combine of partials in Triton. Two kernels, chosen from shapes: "split"
+(a CTA per piece: a row block and a range of its keys, long requests in more pieces;
+schedule.py) and "persistent" (one CTA per SM walking its segments: pieces of equal splits, or
+equal shares of all the work when requests are unequal; persistent_schedule.py). Both read the
+schedule plan that the preparation made on the device for the CTAs and splits of plan_shape
+(cutlass_kernels/verify_plan.cuh), and so do their combines; a call without one, or for another
+schedule, makes its own in one launch.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ... import build
-from ...contract import LATENT_DIM, PARTIAL_SLOTS_PER_CTA, ROWS_PER_BLOCK
+from ...contract import LATENT_DIM, PARTIAL_SLOTS_PER_CTA, PIECE_SLOTS_PER_SPLIT, ROWS_PER_BLOCK
 from ..splits import sm_count
 from .persistent_schedule import use_persistent
 from .schedule import plan_shape, sm90_splits
@@ -49,8 +50,7 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
     if schedule not in ("split", "persistent"):
         raise ValueError(f"ddtree_op: argument 'schedule' must be None, 'split' or 'persistent', not {schedule!r}")
     qo_indptr = qo_indptr.contiguous()
-    # The split kernel reads only the plan's row blocks, which no schedule changes.
-    if plan is None or (schedule == "persistent" and (ctas, num_splits) != (planned_ctas, planned_splits)):
+    if plan is None or (ctas, num_splits) != (planned_ctas, planned_splits):
         plan = make_plan(qo_indptr, verify_indptr, num_tokens, heads, ctas, num_splits)
     if schedule == "persistent":
         from .persistent_combine import combine_persistent
@@ -63,9 +63,10 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
                                              out, lse, part_out, part_lse, num_splits, ctas, plan, status)
         combine_persistent(part_out, part_lse, qo_indptr, plan, out, lse, ctas, num_splits)
         return
-    if num_splits > 1:
-        part_out = torch.empty((num_splits, num_tokens * heads, LATENT_DIM), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((num_splits, num_tokens * heads), dtype=torch.float32, device=q.device)
+    if num_splits > 1:  # partials [slot, row]: a row block has up to PIECE_SLOTS_PER_SPLIT * splits pieces
+        slots = PIECE_SLOTS_PER_SPLIT * num_splits
+        part_out = torch.empty((slots, num_tokens * heads, LATENT_DIM), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((slots, num_tokens * heads), dtype=torch.float32, device=q.device)
     else:
         part_out = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
     torch.ops.ddtree_sm90.tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out,
@@ -73,4 +74,4 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
     if num_splits > 1:
         from ..lse_merge import combine_splits
 
-        combine_splits(part_out, part_lse, qo_indptr, out, lse)
+        combine_splits(part_out, part_lse, qo_indptr, out, lse, eager_slots=num_splits)

@@ -1,7 +1,7 @@
 """The sm_90a kernel's persistent schedule: which CTA attends to which keys of which row block,
 and where partials go. The preparation writes it on the device as a plan (cutlass_kernels/
 verify_plan.cuh; its CPU twin prep.verify_plan) that the kernel (cutlass_kernels/sm90/
-persistent_plan.cuh) and the combine (persistent_combine.py) read; this is their reference in
+tile_scheduler.cuh) and the combine (persistent_combine.py) read; this is their reference in
 Python (tests/test_persistent_schedule.py), and the host's shape-only choice of the kernel.
 
 A row block has `units` of work, a unit being 128 keys (a pair of 64-key tiles). With G CTAs and

@@ -1,10 +1,25 @@
-"""The sm_90a split kernel's key splits per row block, from shapes only."""
+"""The sm_90a split kernel's schedule: its key splits per row block from shapes only, and the
+pieces that the preparation cuts the batch into on the device (cutlass_kernels/verify_plan.cuh
+writes them into the plan; `split_pieces` is their reference in Python).
+
+Pieces: a batch of equal requests gets `splits` pieces per row block, as the shapes say. In a
+ragged batch a long request's row blocks get more pieces and a short one's fewer, so that no
+piece is longer than it must be: every row block of `units` units (pairs of key tiles) is cut
+into max(1, ceil(units / c)) nearly equal pieces, c the fewest units for which all pieces fit the
+budget (the shapes' row blocks times `splits`, at most one wave of CTAs, or the row blocks where
+they are more) and no row block has more than PIECE_SLOTS_PER_SPLIT * splits pieces. CTA p of the
+split kernel attends piece p. With splits, piece k of a row block writes partial rows [k, row]
+([PIECE_SLOTS_PER_SPLIT * splits, T * H, 512]) and its first piece an LSE of -inf in the slots
+past its last, so the split combine (lse_merge.combine_splits) reads the first `splits` slots of
+a row with their LSEs and a slot past them only where its LSE is live.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from ...contract import ROWS_PER_BLOCK, SM90_MAX_SPLITS, UNIT_KEYS
+from ...contract import MAX_PIECE_BUDGET, PIECE_SLOTS_PER_SPLIT, ROWS_PER_BLOCK, SM90_MAX_SPLITS, UNIT_KEYS, plan_capacity
 from ..splits import resident_splits
 
 
@@ -35,3 +50,50 @@ def sm90_splits(num_tokens: int, heads: int, batch: int, num_keys_bound: int, ct
     few microseconds, and partials of 64 rows are small."""
     return num_kv_splits_whole_tiles(num_tokens, heads, batch, num_keys_bound, ctas, ROWS_PER_BLOCK, CTAS_PER_SM,
                                      UNIT_KEYS, SM90_MAX_SPLITS)
+
+
+@dataclass(frozen=True)
+class Piece:
+    request: int
+    block: int  # row block within the request
+    unit_begin: int
+    unit_end: int
+    slot: int | None  # partial slot (its index among its row block's pieces), or None (one split): out/lse directly
+    pieces: int  # of its row block
+
+
+def _pieces_of(units: int, piece_units: int) -> int:
+    return -(-units // piece_units) if units > piece_units else 1
+
+
+def split_piece_units(work: list[tuple[int, int]], capacity: int, batch: int, ctas: int, splits: int) -> int | None:
+    """c of the module docstring for (row blocks, units) per request; None: nothing is cut."""
+    if splits <= 1:
+        return None
+    rows = sum(blocks for blocks, _ in work)
+    budget = max(rows, min(max(capacity - batch, 0) * splits, ctas, MAX_PIECE_BUDGET))
+    longest = max((units for blocks, units in work if blocks), default=0)
+    c = max(1, -(-sum(blocks * units for blocks, units in work) // budget) if budget else 1,
+            -(-longest // (PIECE_SLOTS_PER_SPLIT * splits)))
+    while sum(blocks * _pieces_of(units, c) for blocks, units in work) > budget and c < longest:
+        c += 1
+    return c
+
+
+def split_pieces(qo_indptr: list[int], verify_indptr: list[int], heads: int, num_rows: int, ctas: int,
+                 splits: int) -> list[Piece]:
+    """The split kernel's pieces in CTA order (the reference of the plan's piece arrays)."""
+    from .persistent_schedule import work_of_requests
+
+    work = work_of_requests(qo_indptr, verify_indptr, heads)
+    batch = len(work)
+    c = split_piece_units(work, plan_capacity(num_rows, heads, batch), batch, ctas, splits)
+    pieces = []
+    for b, (row_blocks, units) in enumerate(work):
+        n = 1 if c is None else _pieces_of(units, c)
+        q, r = divmod(units, n)
+        for j in range(row_blocks):
+            for k in range(n):
+                begin = k * q + min(k, r)
+                pieces.append(Piece(b, j, begin, begin + q + (k < r), k if splits > 1 else None, n))
+    return pieces

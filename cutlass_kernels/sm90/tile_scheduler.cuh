@@ -1,8 +1,8 @@
 // The tile schedule of the sm_90a verify kernels, read from the plan that the preparation made
-// once for the batch (../verify_plan.cuh: its layout): a direct index for a row block, one binary
-// search per persistent CTA for the start of its equal share, no scan of the batch.
-// ddtree_op/backends/sm90/persistent_schedule.py says in Python what the segments are; the Triton
-// combine (persistent_combine.py beside it) finds the partial slots in the same plan.
+// once for the batch (../verify_plan.cuh: its layout): a direct index for a split kernel's piece,
+// one binary search per persistent CTA for the start of its equal share, no scan of the batch.
+// ddtree_op/backends/sm90/schedule.py and persistent_schedule.py say in Python what the pieces
+// and segments are; the Triton combines beside them find the partial slots in the same plan.
 #pragma once
 
 #include "../verify_plan.cuh"
@@ -12,13 +12,24 @@ namespace ddtree::sm90 {
 struct Segment {
   int request, block;          // row block `block` of `request`
   int unit_begin, unit_end;    // its units [unit_begin, unit_end); empty for an empty split
-  int units;                   // of the whole row block
   int slot;                    // partial slot, or -1: out/lse directly
+  int pieces;                  // split kernel: pieces of the row block, whose partials are [slot, row]
 };
 
-// Row blocks of the split kernel's plan: 0 for a plan made for other heads (nothing is read then).
-__device__ __forceinline__ int planned_row_blocks(const PlanView& plan, int heads) {
-  return plan.header(kPlanHeads) == heads ? static_cast<int>(plan.header(kPlanRowBlocks)) : 0;
+// The split kernel's CTA `cta`: its piece, or false where it has none (past the plan's pieces, or
+// a plan made for other heads or splits, from which nothing is read). The header and the piece
+// entries are loaded together (one memory round trip): the grid never passes the piece arrays.
+__device__ __forceinline__ bool plan_piece(const PlanView& plan, int heads, int splits, int cta, Segment& seg) {
+  const int64_t pieces = plan.header(kPlanPieces), made_heads = plan.header(kPlanHeads), made_splits = plan.header(kPlanSplits);
+  const int64_t row = plan.piece(kPieceRow, cta), units = plan.piece(kPieceUnits, cta), slot = plan.piece(kPieceSlot, cta);
+  if (made_heads != heads || made_splits != splits || cta >= pieces) return false;
+  seg.request = static_cast<int>(row >> 32);
+  seg.block = static_cast<int>(row & 0xffffffff);
+  seg.unit_begin = static_cast<int>(units >> 32);
+  seg.unit_end = static_cast<int>(units & 0xffffffff);
+  seg.slot = slot < 0 ? -1 : static_cast<int>(slot & 0xffffffff);
+  seg.pieces = slot < 0 ? 1 : static_cast<int>(slot >> 32);
+  return true;
 }
 
 // What a persistent CTA reads from the plan once: the choice and, with equal shares, its items
@@ -71,7 +82,6 @@ __device__ __forceinline__ bool plan_segment(const CtaPlan& c, int cta, int k, S
     seg.block = static_cast<int>(plan.field(kPlanBlock, r));
     seg.unit_begin = min(units, (piece - r * splits) * chunk);
     seg.unit_end = min(units, seg.unit_begin + chunk);
-    seg.units = units;
     seg.slot = splits > 1 ? piece : -1;
     return true;
   }
@@ -92,7 +102,6 @@ __device__ __forceinline__ bool plan_segment(const CtaPlan& c, int cta, int k, S
   seg.block = static_cast<int>(plan.field(kPlanBlock, r));
   seg.unit_begin = static_cast<int>(lo - start);
   seg.unit_end = static_cast<int>(hi - start);
-  seg.units = units;
   seg.slot = lo == start && hi == start + units ? -1 : 2 * cta + (lo == c.begin ? 0 : 1);
   return true;
 }
