@@ -31,8 +31,9 @@ def _combine_splits_kernel(
     theirs waits for another: the row count, the LSEs and the partials go out together, so a
     program waits for one memory round trip. The LATE slots after them may never have been
     written (their LSE is -inf then): their partials are loaded only where the LSE is live, a
-    second round trip, which costs nothing where none is. Rows past qo_indptr[B] are read (the
-    grid covers T * H rows, all inside the buffers) but not stored."""
+    second round trip, and a row with no live late slot skips their loads and sums entirely.
+    Rows past qo_indptr[B] are read (the grid covers T * H rows, all inside the buffers) but not
+    stored."""
     if DEPENDENT:  # launched while the attention kernel may still run: wait for its partials
         gdc_wait()
     row = tl.program_id(0).to(tl.int64)
@@ -48,19 +49,20 @@ def _combine_splits_kernel(
     if LATE > 0:
         late = EAGER + tl.arange(0, LATE_POW2)
         lse_late = tl.load(part_lse_ptr + late * stride_split + row, mask=late < EAGER + LATE, other=float("-inf"))
-        live = lse_late > float("-inf")
-        part_late = tl.load(part_out_ptr + (late * stride_split + row)[:, None] * D_LATENT + dv[None, :],
-                            mask=live[:, None], other=0.0)
-        lse_max = tl.maximum(lse_max, tl.max(lse_late, axis=0))
+        late_max = tl.max(lse_late, axis=0)
+        lse_max = tl.maximum(lse_max, late_max)
     lse_max_safe = tl.where(lse_max == float("-inf"), 0.0, lse_max)
     # A slot that saw no key has weight 0; its partial is not trusted to be finite.
     weight = tl.exp(lse_eager - lse_max_safe)
     total = tl.sum(weight, axis=0)
     acc = tl.sum(tl.where((weight > 0)[:, None], weight[:, None] * part_eager, 0.0), axis=0)
     if LATE > 0:
-        weight_late = tl.exp(lse_late - lse_max_safe)
-        total += tl.sum(weight_late, axis=0)
-        acc += tl.sum(tl.where((weight_late > 0)[:, None], weight_late[:, None] * part_late, 0.0), axis=0)
+        if late_max > float("-inf"):  # a row without late partials issues none of their work
+            weight_late = tl.exp(lse_late - lse_max_safe)
+            part_late = tl.load(part_out_ptr + (late * stride_split + row)[:, None] * D_LATENT + dv[None, :],
+                                mask=(weight_late > 0)[:, None], other=0.0)
+            total += tl.sum(weight_late, axis=0)
+            acc += tl.sum(weight_late[:, None] * part_late, axis=0)
     saw_any = total > 0.0
     o = acc / tl.where(saw_any, total, 1.0)
     t = row // HEADS
