@@ -26,7 +26,8 @@
 namespace {
 
 constexpr int kThreads = 256;
-// 64 registers a thread: four blocks an SM, as many as the index build's one-position form fits.
+// Three blocks an SM (up to 80 registers a thread): the plan's piece search needs more than 64,
+// which spilled in the staged forms.
 constexpr int kMinBlocksPerSm = 3;
 
 // kStaged: every block stages the batch (B <= kSharedBatch); else `bounds` holds what
