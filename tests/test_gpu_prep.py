@@ -179,8 +179,12 @@ def test_verify_step_large_batches_match_reference(batch):
             kw = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in cpu_kw.items()}
             status = ddtree_op.new_status("cuda")
             out, lse = ddtree_op.mla_tree_verify(q, kv_cache, **kw, backend=backend, status=status)
-            assert_matches_reference(out.cpu(), lse.cpu(), ref_out, ref_lse)
-            assert torch.equal(status.cpu(), want_status), (backend, status.tolist(), want_status.tolist())
+            where = f"backend {backend}, {'bad' if bad else 'clean'} batch"
+            try:
+                assert_matches_reference(out.cpu(), lse.cpu(), ref_out, ref_lse)
+            except AssertionError as exc:
+                raise AssertionError(f"{where}: {exc}") from exc
+            assert torch.equal(status.cpu(), want_status), (where, status.tolist(), want_status.tolist())
             assert bool(want_status[0]) == bad
 
 
