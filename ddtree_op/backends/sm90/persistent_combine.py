@@ -4,7 +4,9 @@ Program (k, g) reads the schedule plan that the kernel read (cutlass_kernels/ver
 and merges rows [4 g, 4 g + 4) of at most one row block: with equal shares, the row block that
 CTA k's share begins in (a binary search of the plan's first items), if that boundary cuts it and
 is its first cut; with pieces, row block k, if it has more than one split. Every other program
-does nothing. The grid is (CTAs, 16), a function of the GPU only.
+does nothing, and ends without waiting for the attention kernel, so that where nothing is cut
+(pieces of one split) the grid costs little more than one program that waits. The grid is
+(CTAs, 16), a function of the GPU only.
 """
 
 from __future__ import annotations
@@ -38,8 +40,10 @@ def _combine_persistent_kernel(
     HEADS: tl.constexpr, SLOT_BLOCK: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr,
     ROWS: tl.constexpr, D: tl.constexpr, DEPENDENT: tl.constexpr,
 ):
-    if DEPENDENT:  # launched while the attention kernel may still run: wait for its partials
-        gdc_wait()
+    # Launched while the attention kernel may still run. The plan and qo_indptr were written before
+    # it began (that kernel waits for the preparation before it lets this grid launch), so they are
+    # read first; only a program with rows to merge waits for the kernel's partials, and program
+    # (0, 0) waits too, so that this grid cannot end before the kernel does.
     k = tl.program_id(0)
     g = tl.program_id(1)
     # A plan made for another schedule is not read (the kernel wrote nothing from it either).
@@ -82,7 +86,11 @@ def _combine_persistent_kernel(
     rr = g * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)  # rows of the row block
     row = block * ROWS + rr  # rows of the request
     row_ok = row < request_rows
-    if here & (tl.sum(row_ok.to(tl.int32), 0) > 0):
+    merges = here & (tl.sum(row_ok.to(tl.int32), 0) > 0)
+    if DEPENDENT:
+        if merges | ((k == 0) & (g == 0)):
+            gdc_wait()
+    if merges:
         count = tl.where(equal, i1 - i0 + 1, splits)
         d = tl.arange(0, D)
         m_run = tl.full([ROWS_PER_PROGRAM], float("-inf"), tl.float32)
