@@ -12,9 +12,8 @@
 //                  block, unit) of all requests, CTAs with an equal share (min(CTAs, items)),
 //                  the heads, CTAs and splits the plan was made for (its readers check them),
 //                  and the split kernel's pieces
-//   row block r    its request, its block within the request, its units, its first item, its
-//                  first piece (past the last row block: request B, block 0, units 0, first
-//                  item = items, first piece = pieces)
+//   row block r    its request, its block within the request, its units, its first item (past
+//                  the last row block: request B, block 0, units 0, first item = items)
 //   piece p        its row (request << 32 | block), its units (begin << 32 | end), its partial
 //                  slot (pieces of its row block << 32 | its index k among them: it writes
 //                  partial rows [k, row]; with splits > 1) or -1 (out/lse directly; past the last
@@ -272,7 +271,6 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
       out[kPlanBlock * a.capacity] = block;
       out[kPlanUnits * a.capacity] = request_units;
       out[kPlanFirstItem * a.capacity] = s_item_start[lo] + block * request_units;
-      out[kPlanFirstPiece * a.capacity] = first_piece;
       for (int k = 0; k < pieces && first_piece + k < pieces_capacity(); ++k) {
         int64_t* const piece = piece_fields() + first_piece + k;
         piece[kPieceRow * pieces_capacity()] = (int64_t(c0 + lo) << 32) | block;
@@ -296,7 +294,6 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
     out[kPlanBlock * a.capacity] = 0;
     out[kPlanUnits * a.capacity] = 0;
     out[kPlanFirstItem * a.capacity] = all_items;
-    out[kPlanFirstPiece * a.capacity] = total_pieces;
   }
   if (entry < pieces_capacity() && entry >= all_pieces) {
     int64_t* const piece = piece_fields() + entry;
