@@ -30,7 +30,7 @@ constexpr int kPartialSlotsPerCta = 2;
 // kPlanFields arrays of one entry per row block, then kPieceFields arrays of one entry per piece
 // of the split kernel (room for the row blocks and kMaxPieceBudget more).
 constexpr int kPlanHeader = 8;
-constexpr int kPlanFields = 5;
+constexpr int kPlanFields = 4;
 constexpr int kPieceFields = 3;
 constexpr int kMaxPieceBudget = 256;
 // Partial slots of the split kernel per split of the shapes: a row block of a long request may be
@@ -50,7 +50,6 @@ constexpr int kPlanRequest = 0;
 constexpr int kPlanBlock = 1;
 constexpr int kPlanUnits = 2;
 constexpr int kPlanFirstItem = 3;
-constexpr int kPlanFirstPiece = 4;
 // Fields of a piece: its row (request << 32 | block), its units (begin << 32 | end), its partial
 // slot (pieces of its row block << 32 | its index among them; -1: the whole row block, written to
 // out/lse directly).

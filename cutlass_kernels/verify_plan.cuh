@@ -12,9 +12,8 @@
 //                  block, unit) of all requests, CTAs with an equal share (min(CTAs, items)),
 //                  the heads, CTAs and splits the plan was made for (its readers check them),
 //                  and the split kernel's pieces
-//   row block r    its request, its block within the request, its units, its first item, its
-//                  first piece (past the last row block: request B, block 0, units 0, first
-//                  item = items, first piece = pieces)
+//   row block r    its request, its block within the request, its units, its first item (past
+//                  the last row block: request B, block 0, units 0, first item = items)
 //   piece p        its row (request << 32 | block), its units (begin << 32 | end), its partial
 //                  slot (pieces of its row block << 32 | its index k among them: it writes
 //                  partial rows [k, row]; with splits > 1) or -1 (out/lse directly; past the last
@@ -38,8 +37,10 @@ namespace ddtree {
 __host__ __device__ __forceinline__ int64_t plan_capacity(int64_t tokens, int64_t heads, int64_t batch) {
   return (tokens * heads + kRowsPerBlock - 1) / kRowsPerBlock + batch;
 }
+// Pieces a plan of `capacity` row blocks has room for: one per row block and kMaxPieceBudget more.
+__host__ __device__ __forceinline__ int64_t piece_capacity(int64_t capacity) { return capacity + kMaxPieceBudget; }
 __host__ __device__ __forceinline__ int64_t piece_capacity(int64_t tokens, int64_t heads, int64_t batch) {
-  return plan_capacity(tokens, heads, batch) + kMaxPieceBudget;
+  return piece_capacity(plan_capacity(tokens, heads, batch));
 }
 __host__ __device__ __forceinline__ int64_t plan_numel(int64_t tokens, int64_t heads, int64_t batch) {
   return kPlanHeader + kPlanFields * plan_capacity(tokens, heads, batch) + kPieceFields * piece_capacity(tokens, heads, batch);
@@ -60,7 +61,7 @@ struct PlanView {
     return data[kPlanHeader + f * capacity + row_block];
   }
   __device__ __forceinline__ int64_t piece(int f, int64_t p) const {
-    return data[kPlanHeader + kPlanFields * capacity + f * (capacity + kMaxPieceBudget) + p];
+    return data[kPlanHeader + kPlanFields * capacity + f * piece_capacity(capacity) + p];
   }
 };
 
@@ -85,7 +86,7 @@ inline PlanArgs make_verify_plan_args(const c10::optional<at::Tensor>& plan, con
               "ddtree_op: argument 'plan' must be a contiguous int64 tensor of ", plan_numel(num_rows, heads, batch),
               " entries on the device of the indptrs");
   a.plan = plan->data_ptr<int64_t>();
-  a.blocks = static_cast<int>((a.capacity + kMaxPieceBudget + threads - 1) / threads);
+  a.blocks = static_cast<int>((piece_capacity(a.capacity) + threads - 1) / threads);
   return a;
 }
 
@@ -227,7 +228,6 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
   // Recomputed where they are used: held across the scan, they spill in the staged preparation.
   auto row_fields = [&] { return a.plan + kPlanHeader; };
   auto piece_fields = [&] { return a.plan + kPlanHeader + kPlanFields * a.capacity; };
-  auto pieces_capacity = [&] { return a.capacity + kMaxPieceBudget; };
   // Prefix sums of (row blocks << 32 | pieces), which both stay below 2^32, and of items.
   enum { kBlocksPieces, kItems };
   __shared__ int64_t s_before[2];  // of the chunks scanned
@@ -272,12 +272,11 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
       out[kPlanBlock * a.capacity] = block;
       out[kPlanUnits * a.capacity] = request_units;
       out[kPlanFirstItem * a.capacity] = s_item_start[lo] + block * request_units;
-      out[kPlanFirstPiece * a.capacity] = first_piece;
-      for (int k = 0; k < pieces && first_piece + k < pieces_capacity(); ++k) {
+      for (int k = 0; k < pieces && first_piece + k < piece_capacity(a.capacity); ++k) {
         int64_t* const piece = piece_fields() + first_piece + k;
-        piece[kPieceRow * pieces_capacity()] = (int64_t(c0 + lo) << 32) | block;
-        piece[kPieceUnits * pieces_capacity()] = piece_unit_range(request_units, k, pieces);
-        piece[kPieceSlot * pieces_capacity()] = a.splits > 1 ? int64_t(pieces) << 32 | k : -1;
+        piece[kPieceRow * piece_capacity(a.capacity)] = (int64_t(c0 + lo) << 32) | block;
+        piece[kPieceUnits * piece_capacity(a.capacity)] = piece_unit_range(request_units, k, pieces);
+        piece[kPieceSlot * piece_capacity(a.capacity)] = a.splits > 1 ? int64_t(pieces) << 32 | k : -1;
       }
     }
     __syncthreads();  // the chunk's shared entries are read before the next chunk writes them
@@ -296,13 +295,12 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
     out[kPlanBlock * a.capacity] = 0;
     out[kPlanUnits * a.capacity] = 0;
     out[kPlanFirstItem * a.capacity] = all_items;
-    out[kPlanFirstPiece * a.capacity] = total_pieces;
   }
-  if (entry < pieces_capacity() && entry >= all_pieces) {
+  if (entry < piece_capacity(a.capacity) && entry >= all_pieces) {
     int64_t* const piece = piece_fields() + entry;
-    piece[kPieceRow * pieces_capacity()] = int64_t(a.batch) << 32;
-    piece[kPieceUnits * pieces_capacity()] = 0;
-    piece[kPieceSlot * pieces_capacity()] = -1;
+    piece[kPieceRow * piece_capacity(a.capacity)] = int64_t(a.batch) << 32;
+    piece[kPieceUnits * piece_capacity(a.capacity)] = 0;
+    piece[kPieceSlot * piece_capacity(a.capacity)] = -1;
   }
   if (plan_block == 0 && threadIdx.x == 0) {
     // Equal shares where the longest piece times the waves of pieces exceeds a share by more than

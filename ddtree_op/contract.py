@@ -33,7 +33,7 @@ PARTIAL_SLOTS_PER_CTA = 2  # a persistent CTA's first and last segment
 # block (`plan_capacity` entries each), then PIECE_FIELDS arrays of one entry per piece of the
 # split kernel (`piece_capacity` entries each; cutlass_kernels/verify_plan.cuh).
 PLAN_HEADER = 8
-PLAN_FIELDS = 5
+PLAN_FIELDS = 4
 PIECE_FIELDS = 3
 MAX_PIECE_BUDGET = 256  # pieces beyond the row blocks, at most: a wave of CTAs on any GPU
 # Partial slots of the split kernel per split of the shapes: a row block of a long request may be
@@ -50,13 +50,11 @@ PLAN_HEADS = 4
 PLAN_CTAS = 5
 PLAN_SPLITS = 6
 PLAN_PIECES = 7
-# Fields of a row block: its request, its block within the request, its units, its first item,
-# its first piece.
+# Fields of a row block: its request, its block within the request, its units, its first item.
 PLAN_REQUEST = 0
 PLAN_BLOCK = 1
 PLAN_UNITS = 2
 PLAN_FIRST_ITEM = 3
-PLAN_FIRST_PIECE = 4
 # Fields of a piece: its row (request << 32 | block), its units (begin << 32 | end), its partial
 # slot (pieces of its row block << 32 | its index among them; -1: the whole row block, written to
 # out/lse directly).

@@ -19,7 +19,7 @@ import torch
 
 from .contract import (CUT_COST_UNITS, MASK_LAYOUTS, MAX_PIECE_BUDGET, PACKED_MASK_BITS, PIECE_FIELDS, PIECE_ROW, PIECE_SLOT,
                        PIECE_SLOTS_PER_SPLIT, PIECE_UNITS, PLAN_BLOCK, PLAN_CTAS, PLAN_EQUAL_SHARES, PLAN_FIELDS,
-                       PLAN_FIRST_ITEM, PLAN_FIRST_PIECE, PLAN_HEADER, PLAN_HEADS, PLAN_ITEMS, PLAN_PIECES, PLAN_REQUEST, PLAN_ROW_BLOCKS,
+                       PLAN_FIRST_ITEM, PLAN_HEADER, PLAN_HEADS, PLAN_ITEMS, PLAN_PIECES, PLAN_REQUEST, PLAN_ROW_BLOCKS,
                        PLAN_SPLITS, PLAN_UNITS, PLAN_USED, ROWS_PER_BLOCK, UNIT_KEYS, piece_capacity, plan_capacity)
 from . import status as status_layout
 from .status import FAULTS, write_keys
@@ -324,7 +324,6 @@ def verify_plan(qo_indptr: torch.Tensor, verify_indptr: torch.Tensor, num_rows: 
     fields = [None] * PLAN_FIELDS
     fields[PLAN_REQUEST], fields[PLAN_BLOCK], fields[PLAN_FIRST_ITEM] = request, block, first_item
     fields[PLAN_UNITS] = torch.where(live, units[request], 0)
-    fields[PLAN_FIRST_PIECE] = first_piece
     piece_fields = [None] * PIECE_FIELDS
     piece_fields[PIECE_ROW], piece_fields[PIECE_UNITS], piece_fields[PIECE_SLOT] = piece_row, piece_units, piece_slot
     return torch.cat([header] + fields + piece_fields)

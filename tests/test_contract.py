@@ -36,7 +36,6 @@ EXPECTED = {
     "kPlanBlock": contract.PLAN_BLOCK,
     "kPlanUnits": contract.PLAN_UNITS,
     "kPlanFirstItem": contract.PLAN_FIRST_ITEM,
-    "kPlanFirstPiece": contract.PLAN_FIRST_PIECE,
     "kPieceRow": contract.PIECE_ROW,
     "kPieceUnits": contract.PIECE_UNITS,
     "kPieceSlot": contract.PIECE_SLOT,

@@ -227,9 +227,8 @@ def test_plan_gives_the_schedule_segments_and_slots(seed):
     found = slots_of_plan(plan_tensor, capacity, ctas, splits, qo, heads)
     for b, j in blocks:
         assert found.get((b, j), []) == slots_of_row_block(qo, kv, heads, ctas, splits, b, j)
-    # Past the row blocks: request B, no units, first item = all items, first piece = all pieces.
+    # Past the row blocks: request B, no units, first item = all items.
     row_blocks = header[contract.PLAN_ROW_BLOCKS]
     assert row_blocks == len(blocks)
     for r in range(row_blocks, capacity):
-        assert [field(f, r) for f in range(contract.PLAN_FIELDS)] == [len(qo) - 1, 0, 0, header[contract.PLAN_ITEMS],
-                                                                     header[contract.PLAN_PIECES]]
+        assert [field(f, r) for f in range(contract.PLAN_FIELDS)] == [len(qo) - 1, 0, 0, header[contract.PLAN_ITEMS]]

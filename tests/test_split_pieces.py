@@ -3,6 +3,8 @@ as the kernel and the piece combine read them, are the Python reference's pieces
 equal requests keeps the shapes' splits; a ragged one cuts its long requests into more pieces,
 never longer than the shapes' splits of the longest request would be."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -34,11 +36,18 @@ def pieces_of_plan(plan, num_rows, heads, batch):
     past = [(piece(contract.PIECE_ROW, p), piece(contract.PIECE_UNITS, p), piece(contract.PIECE_SLOT, p))
             for p in range(header[contract.PLAN_PIECES], slots)]
     assert past == [(batch << 32, 0, -1)] * len(past)
-    # The combine's view: a row block's pieces are first_piece[r] .. first_piece[r + 1].
-    for r in range(header[contract.PLAN_ROW_BLOCKS]):
-        first, after = field(contract.PLAN_FIRST_PIECE, r), field(contract.PLAN_FIRST_PIECE, r + 1)
-        for p in range(first, after):
-            assert (pieces[p].request, pieces[p].block) == (field(contract.PLAN_REQUEST, r), field(contract.PLAN_BLOCK, r))
+    # The combine's view: the pieces are runs, one per row block in the row blocks' order, and a
+    # run's pieces are its slots 0 .. n - 1 (n of them; one piece with one split) that cover its
+    # row block's units once, in order.
+    runs = [list(run) for _, run in itertools.groupby(pieces, key=lambda piece: (piece.request, piece.block))]
+    assert [(run[0].request, run[0].block) for run in runs] == [
+        (field(contract.PLAN_REQUEST, r), field(contract.PLAN_BLOCK, r)) for r in range(header[contract.PLAN_ROW_BLOCKS])]
+    splits = header[contract.PLAN_SPLITS]
+    for r, run in enumerate(runs):
+        assert [piece.slot for piece in run] == (list(range(len(run))) if splits > 1 else [None])
+        assert all(piece.pieces == len(run) for piece in run)
+        bounds = [0] + [end for piece in run for end in (piece.unit_begin, piece.unit_end)] + [field(contract.PLAN_UNITS, r)]
+        assert bounds == sorted(bounds) and all(begin == end for begin, end in zip(bounds[::2], bounds[1::2]))
     return pieces
 
 
