@@ -123,20 +123,24 @@ __device__ __forceinline__ void block_exclusive_sums(int64_t (&v)[kN], int64_t (
   __syncthreads();  // running is updated before it is read, and s_warp before the next call writes it
 }
 
-// The sum (kMax: the maximum) over the block of one value a thread.
-template <int kThreads, bool kMax = false>
-__device__ __forceinline__ int64_t block_reduce(int64_t v) {
-  __shared__ int64_t s_warp[kThreads / 32];
+// Reductions over the block of kN values a thread, in one pass: value i is summed, or its
+// maximum taken where bit i of kMaxMask is set.
+template <int kThreads, int kN, unsigned kMaxMask = 0>
+__device__ __forceinline__ void block_reduce(int64_t (&v)[kN]) {
+  __shared__ int64_t s_warp[kN][kThreads / 32];
+  auto combine = [](int i, int64_t x, int64_t y) { return (kMaxMask >> i & 1u) ? (x > y ? x : y) : x + y; };
   for (int d = 16; d > 0; d /= 2) {
-    const int64_t n = __shfl_xor_sync(0xffffffffu, v, d);
-    v = kMax ? (n > v ? n : v) : v + n;
+    for (int i = 0; i < kN; ++i) v[i] = combine(i, v[i], __shfl_xor_sync(0xffffffffu, v[i], d));
   }
-  if (threadIdx.x % 32 == 0) s_warp[threadIdx.x / 32] = v;
+  if (threadIdx.x % 32 == 0) {
+    for (int i = 0; i < kN; ++i) s_warp[i][threadIdx.x / 32] = v[i];
+  }
   __syncthreads();
-  v = s_warp[0];
-  for (int w = 1; w < kThreads / 32; ++w) v = kMax ? (s_warp[w] > v ? s_warp[w] : v) : v + s_warp[w];
+  for (int i = 0; i < kN; ++i) {
+    v[i] = s_warp[i][0];
+    for (int w = 1; w < kThreads / 32; ++w) v[i] = combine(i, v[i], s_warp[i][w]);
+  }
   __syncthreads();  // s_warp is read before the next call writes it
-  return v;
 }
 
 // Row blocks and units (pairs of key tiles) of request b; negative counts read as 0.
@@ -178,9 +182,11 @@ __device__ __forceinline__ PieceLength split_piece_units(const PlanArgs& a, cons
     rows += blocks;
     if (blocks > 0 && units > longest) longest = units;
   }
-  work = block_reduce<kThreads>(work);
-  rows = block_reduce<kThreads>(rows);
-  longest = block_reduce<kThreads, true>(longest);
+  int64_t totals[3] = {work, rows, longest};
+  block_reduce<kThreads, 3, 0b100>(totals);
+  work = totals[0];
+  rows = totals[1];
+  longest = totals[2];
   if (a.splits <= 1) return {kUncut, longest};
   const int64_t nominal = a.capacity - a.batch, wave = a.ctas < kMaxPieceBudget ? a.ctas : kMaxPieceBudget;
   int64_t budget = nominal * a.splits < wave ? nominal * a.splits : wave;
@@ -192,7 +198,9 @@ __device__ __forceinline__ PieceLength split_piece_units(const PlanArgs& a, cons
       request_work(a, batch, b, blocks, units);
       pieces += blocks * pieces_of(units, c);
     }
-    return block_reduce<kThreads>(pieces) <= budget;
+    int64_t total[1] = {pieces};
+    block_reduce<kThreads, 1>(total);
+    return total[0] <= budget;
   };
   // The least c in [lo, hi] that fits (hi, the longest row block, fits: one piece each). The
   // lower bound is the answer for equal requests, so it is tried first.
@@ -220,7 +228,7 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
   constexpr int kPerThread = kPlanChunk / kThreads;
   __shared__ int64_t s_block_end[kPlanChunk];   // inclusive: row blocks of requests up to this one
   __shared__ int64_t s_item_start[kPlanChunk];  // items of the requests before this one
-  __shared__ int64_t s_piece_start[kPlanChunk]; // pieces of the requests before this one
+  __shared__ int64_t s_piece_end[kPlanChunk];   // inclusive: pieces of requests up to this one
   __shared__ int s_pieces[kPlanChunk];          // pieces of each row block of this request
   const PieceLength length = split_piece_units<kThreads>(a, batch);
   const int piece_units = length.units;
@@ -245,43 +253,55 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
       mine[kBlocksPieces] += blocks[i] << 32 | blocks[i] * pieces;
       mine[kItems] += blocks[i] * units[i];
     }
-    const int64_t blocks_before = s_before[kBlocksPieces] >> 32;
+    const int64_t blocks_before = s_before[kBlocksPieces] >> 32, pieces_before = s_before[kBlocksPieces] & 0xffffffff;
     block_exclusive_sums<kThreads, 2>(mine, s_before);
     for (int i = 0; i < kPerThread; ++i) {
       s_item_start[threadIdx.x * kPerThread + i] = mine[kItems];
-      s_piece_start[threadIdx.x * kPerThread + i] = mine[kBlocksPieces] & 0xffffffff;
       mine[kBlocksPieces] += blocks[i] << 32 | blocks[i] * s_pieces[threadIdx.x * kPerThread + i];
       mine[kItems] += blocks[i] * units[i];
       s_block_end[threadIdx.x * kPerThread + i] = mine[kBlocksPieces] >> 32;
+      s_piece_end[threadIdx.x * kPerThread + i] = mine[kBlocksPieces] & 0xffffffff;
     }
     __syncthreads();
-    if (entry < a.capacity && entry >= blocks_before && entry < (s_before[kBlocksPieces] >> 32)) {
-      // The request of this row block: the first whose block end passes it.
+    // The request of entry: the first of the chunk whose end (row blocks or pieces) passes it.
+    auto request_of = [&](const int64_t* ends) {
       int lo = 0, hi = min(kPlanChunk, a.batch - c0) - 1;
       while (lo < hi) {
         const int mid = (lo + hi) / 2;
-        if (s_block_end[mid] > entry) hi = mid; else lo = mid + 1;
+        if (ends[mid] > entry) hi = mid; else lo = mid + 1;
       }
+      return lo;
+    };
+    if (entry < a.capacity && entry >= blocks_before && entry < (s_before[kBlocksPieces] >> 32)) {  // row block entry
+      const int lo = request_of(s_block_end);
       int64_t request_blocks, request_units;
       request_work(a, batch, c0 + lo, request_blocks, request_units);
       const int64_t block = entry - (s_block_end[lo] - request_blocks);
-      const int pieces = s_pieces[lo];
-      const int64_t first_piece = s_piece_start[lo] + block * pieces;
       int64_t* const out = row_fields() + entry;
       out[kPlanRequest * a.capacity] = c0 + lo;
       out[kPlanBlock * a.capacity] = block;
       out[kPlanUnits * a.capacity] = request_units;
       out[kPlanFirstItem * a.capacity] = s_item_start[lo] + block * request_units;
-      for (int k = 0; k < pieces && first_piece + k < piece_capacity(a.capacity); ++k) {
-        int64_t* const piece = piece_fields() + first_piece + k;
+    }
+    // Piece entry: one thread a piece, so a long request's many pieces are written in parallel.
+    if (entry < piece_capacity(a.capacity) && entry >= pieces_before && entry < (s_before[kBlocksPieces] & 0xffffffff)) {
+      const int lo = request_of(s_piece_end);
+      int64_t request_blocks, request_units;
+      request_work(a, batch, c0 + lo, request_blocks, request_units);
+      const int pieces = s_pieces[lo];
+      // Its row block's pieces are consecutive, row blocks in order (32-bit: pieces stay below 2^32).
+      const uint32_t offset = static_cast<uint32_t>(entry - (s_piece_end[lo] - request_blocks * pieces));
+      const int block = static_cast<int>(offset / uint32_t(pieces)), k = static_cast<int>(offset % uint32_t(pieces));
+      if (s_block_end[lo] - request_blocks + block < a.capacity) {  // only pieces of row blocks with an entry
+        int64_t* const piece = piece_fields() + entry;
         piece[kPieceRow * piece_capacity(a.capacity)] = (int64_t(c0 + lo) << 32) | block;
         piece[kPieceUnits * piece_capacity(a.capacity)] = piece_unit_range(request_units, k, pieces);
         piece[kPieceSlot * piece_capacity(a.capacity)] = a.splits > 1 ? int64_t(pieces) << 32 | k : -1;
       }
     }
     __syncthreads();  // the chunk's shared entries are read before the next chunk writes them
-    // Every entry of this block is a row block's (so a piece's too) and written: only block 0
-    // (the header) needs the totals.
+    // Every entry of this block is a row block's (so a piece's too: a row block has one or more)
+    // and written: only block 0 (the header) needs the totals.
     if (plan_block != 0 && (s_before[kBlocksPieces] >> 32) >= int64_t(plan_block + 1) * kThreads) break;
   }
   const int64_t all_blocks = s_before[kBlocksPieces] >> 32, all_items = s_before[kItems];
