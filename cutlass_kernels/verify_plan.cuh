@@ -166,8 +166,7 @@ __host__ __device__ __forceinline__ int64_t piece_unit_range(int64_t units, int 
 }
 
 // The split kernel's piece length c (the header comment), and the units of the longest request
-// with row blocks; every thread of the block gets both. Not inlined: inlined into the
-// preparation kernel (64 registers a thread), it spills.
+// with row blocks; every thread of the block gets both.
 struct PieceLength {
   int units;             // c
   int64_t longest;       // units of the longest request with row blocks
