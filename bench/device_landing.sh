@@ -4,8 +4,11 @@
 # grid (bench.verify, with the preparation), the status's cost (bench/time_status.py) and the
 # preparation against an older tree in .snap/old (bench.time_prepare, e.g. 8e904e0, the last
 # before the bounds checks: bench/snapshot_trees.sh old=8e904e0); COSTS=0 leaves out those two.
-# GRID_S: seconds for the grid (default 150); RACECHECK=1 runs racecheck on the sm90 kernel beside
-# the tests.
+# GRID_S: seconds for the grid (default 150); GRID_CASES (default grid; all: the README's 66
+# shapes) and GRID_BACKENDS (default sm90,flashmla) choose what it times; RACECHECK=1 runs racecheck
+# on the sm90 kernel beside the tests. The whole landing in one call (~450 s):
+#   TESTS=tests RACECHECK=1 COSTS=0 PROCESSES=14 TEST_S=330 GRID_CASES=all \
+#   GRID_BACKENDS=sm90,flashmla,paged:sm90 GRID_S=240 bash bench/device_landing.sh
 #   run(command="bash bench/device_landing.sh", carry=[".whl", ".snap"])
 # Writes $OUT/landing.tgz: gpu_tests.log, grid_step.json, status_cost_grid.log, prep_main.log,
 # prep_old.log, build logs, the tests' logs.
@@ -33,7 +36,7 @@ fi
 python3 -m bench.parallel_tests --processes ${PROCESSES:-12} --timeout ${TEST_S:-200} --log-dir /tmp/tests $tests > $R/gpu_tests.log 2>&1
 echo "tests rc $? at $SECONDS s"; tail -n 3 $R/gpu_tests.log
 wait; [ -f $R/racecheck_sm90.log ] && grep -E "RACECHECK SUMMARY|passed|failed" $R/racecheck_sm90.log
-timeout ${GRID_S:-150} python3 -m bench.verify --cases grid --backends sm90,flashmla --out /tmp/r_step 2>&1 | grep -E "^NVIDIA|wrote"
+timeout ${GRID_S:-150} python3 -m bench.verify --cases ${GRID_CASES:-grid} --backends ${GRID_BACKENDS:-sm90,flashmla} --out /tmp/r_step 2>&1 | grep -E "^NVIDIA|wrote"
 cp /tmp/r_step/results.json $R/grid_step.json 2>/dev/null; echo "step grid at $SECONDS s"
 python3 -m bench.step_variants /tmp/r_step/results.json per_layer --small-floor 5 2>&1 | tee $R/per_layer_summary.txt
 if [ "${COSTS:-1}" = 0 ]; then
