@@ -6,6 +6,8 @@
 # them (bench/compare_runs.py) and, with WAIT_CLOCKS=1, prints each tree's wait clocks. AB_TESTS:
 # the variants' pytest arguments instead of the sm90 tests, split at spaces (so a -k expression
 # must be one word). AB_BACKENDS: the timed columns (default sm90,paged:sm90,flashmla).
+# WITH_PREP=1 times the preparation and the one-call step too (a change to the preparation must
+# be timed with it: the pieces' A/Bs without it missed +2.4 to +6.9 µs of preparation).
 #   run(command="bash bench/device_ab.sh main v14", carry=[".whl", ".snap"])
 # Writes under $OUT: ab.txt, grid_<tree>.json, tests.log, wait_clocks.log, build.log.
 set -uo pipefail
@@ -40,12 +42,14 @@ done
 echo "tested at $SECONDS s"
 specs=()
 for tree in "${timed[@]}"; do
-  in_tree "$tree" "" "" timeout "${GRID_TIMEOUT:-170}" python3 -m bench.verify --cases "${CASES:-grid}" --no-prep \
+  in_tree "$tree" "" "" timeout "${GRID_TIMEOUT:-170}" python3 -m bench.verify --cases "${CASES:-grid}" $([ "${WITH_PREP:-0}" = 1 ] || echo --no-prep) \
     --backends "${AB_BACKENDS:-sm90,paged:sm90,flashmla}" --out "/tmp/r_$tree" 2>&1 | grep --line-buffered -E "^NVIDIA|wrote" 
   cp "/tmp/r_$tree/results.json" "$OUT/grid_$tree.json" && specs+=("$tree=$OUT/grid_$tree.json")
   echo "$tree timed at $SECONDS s"
 done
-PYTHONPATH=$root python3 -m bench.compare_runs "${specs[@]}" > "$OUT/ab.txt" 2>&1; grep -E "^sm90|^paged" "$OUT/ab.txt"
+columns=sm90,paged:sm90; [ "${WITH_PREP:-0}" = 1 ] && columns=$columns,prepare_fused,step[sm90]
+PYTHONPATH=$root python3 -m bench.compare_runs "${specs[@]}" --columns "$columns" > "$OUT/ab.txt" 2>&1
+grep -E "^sm90|^paged|^prepare|^step" "$OUT/ab.txt"
 if [ "${WAIT_CLOCKS:-0}" = 1 ]; then
   for tree in "$@"; do
     for case in "H128_n64_B8_P8192 paged:sm90" "H128_n64_B8_P8192 sm90" "H16_n4_B1_P1024 sm90"; do
