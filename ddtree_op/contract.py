@@ -69,7 +69,8 @@ def plan_capacity(num_tokens, heads, batch):
 
 
 def piece_capacity(num_tokens, heads, batch):
-    """Pieces a plan has room for: one per row block, or a budget of at most MAX_PIECE_BUDGET."""
+    """Pieces a plan has room for: one per row block and MAX_PIECE_BUDGET more (the budget of a
+    batch cut into more pieces than row blocks is at most MAX_PIECE_BUDGET)."""
     return plan_capacity(num_tokens, heads, batch) + MAX_PIECE_BUDGET
 
 
