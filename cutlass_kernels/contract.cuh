@@ -25,6 +25,10 @@ constexpr int kSm90MaxSplits = 128;
 // with it), and the partial slots of one CTA (its first and last segment).
 constexpr int kCutCostUnits = 8;
 constexpr int kPartialSlotsPerCta = 2;
+// Equal shares lane by lane (verify_plan.cuh) in batches of at most kLaneSharesMaxBatch requests
+// (one scan chunk), where the lanes keep at least kLaneSharesMinUse eighths of the CTAs busy.
+constexpr int kLaneSharesMaxBatch = 256;
+constexpr int kLaneSharesMinUse = 7;
 
 // The schedule plan (int64; layout and meaning: verify_plan.cuh): kPlanHeader entries,
 // kPlanFields arrays of one entry per row block, then kPieceFields arrays of one entry per piece

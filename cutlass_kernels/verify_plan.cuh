@@ -165,28 +165,64 @@ __host__ __device__ __forceinline__ int64_t piece_unit_range(int64_t units, int 
   return int64_t(begin) << 32 | (begin + q + (k < r ? 1 : 0));
 }
 
-// The split kernel's piece length c (the header comment), and the units of the longest request
-// with row blocks; every thread of the block gets both.
-struct PieceLength {
-  int units;             // c
-  int64_t longest;       // units of the longest request with row blocks
+// What the plan's choices need of the whole batch, reduced over the block (every thread gets it).
+struct BatchTotals {
+  int64_t work;     // items (row block, unit) of all requests
+  int64_t rows;     // row blocks of all requests
+  int64_t longest;  // units of the longest request with row blocks
+  int64_t lanes;    // row blocks of every request where they all have the same, else -1
 };
 template <int kThreads, class Batch>
-__device__ __forceinline__ PieceLength split_piece_units(const PlanArgs& a, const Batch& batch) {
-  int64_t work = 0, rows = 0, longest = 0;
+__device__ __forceinline__ BatchTotals batch_totals(const PlanArgs& a, const Batch& batch) {
+  int64_t first_blocks = 0, first_units;
+  if (a.batch > 0) request_work(a, batch, 0, first_blocks, first_units);
+  int64_t v[4] = {0, 0, 0, 0};  // work, rows, longest, whether a request's row blocks differ from the first's
   for (int b = threadIdx.x; b < a.batch; b += kThreads) {
     int64_t blocks, units;
     request_work(a, batch, b, blocks, units);
-    work += blocks * units;
-    rows += blocks;
-    if (blocks > 0 && units > longest) longest = units;
+    v[0] += blocks * units;
+    v[1] += blocks;
+    if (blocks > 0 && units > v[2]) v[2] = units;
+    if (blocks != first_blocks) v[3] = 1;
   }
-  int64_t totals[3] = {work, rows, longest};
-  block_reduce<kThreads, 3, 0b100>(totals);
-  work = totals[0];
-  rows = totals[1];
-  longest = totals[2];
-  if (a.splits <= 1) return {kUncut, longest};
+  block_reduce<kThreads, 4, 0b1100>(v);
+  return {v[0], v[1], v[2], v[3] == 0 ? first_blocks : -1};
+}
+
+// The persistent kernel's choice (persistent_schedule.py): equal shares where the longest piece
+// times the waves of pieces exceeds a share by more than a cut costs (unequal requests), or where
+// pieces with splits would not fit 2 slots per CTA; lane by lane (lanes > 0) where every request
+// has the same row blocks R, the batch is one scan chunk and R P of the CTAs (P = min(G / R, U))
+// are at least kLaneSharesMinUse eighths of them. `used`: the CTAs with an equal share.
+struct PlanChoice {
+  bool equal;
+  int lanes;
+  int64_t used;
+};
+__device__ __forceinline__ PlanChoice plan_choice(const PlanArgs& a, const BatchTotals& t) {
+  const int64_t total = t.work, ctas = a.ctas, splits = a.splits;
+  const int64_t row_blocks = t.rows < a.capacity ? t.rows : a.capacity;
+  PlanChoice c{false, 0, total < ctas ? total : ctas};
+  if (total <= 0) return c;
+  const int64_t longest_piece = (t.longest + splits - 1) / splits;
+  const int64_t share = (total + c.used - 1) / c.used;
+  const int64_t waves = (row_blocks * splits + ctas - 1) / ctas;
+  const bool pieces_fit = splits == 1 || row_blocks * splits <= 2 * ctas;
+  c.equal = !pieces_fit || share + kCutCostUnits < waves * longest_piece;
+  const int64_t lanes = t.lanes;
+  if (!c.equal || a.batch > kLaneSharesMaxBatch || lanes < 1 || t.rows > a.capacity) return c;
+  const int64_t per_lane = total / lanes, parts = ctas / lanes < per_lane ? ctas / lanes : per_lane;
+  if (parts < 1 || 8 * lanes * parts < int64_t(kLaneSharesMinUse) * ctas) return c;
+  c.lanes = static_cast<int>(lanes);
+  c.used = lanes * parts;
+  return c;
+}
+
+// The split kernel's piece length c (the header comment), from the batch's totals.
+template <int kThreads, class Batch>
+__device__ __forceinline__ int split_piece_units(const PlanArgs& a, const Batch& batch, const BatchTotals& t) {
+  if (a.splits <= 1) return kUncut;
+  const int64_t work = t.work, rows = t.rows, longest = t.longest;
   const int64_t nominal = a.capacity - a.batch, wave = a.ctas < kMaxPieceBudget ? a.ctas : kMaxPieceBudget;
   int64_t budget = nominal * a.splits < wave ? nominal * a.splits : wave;
   if (rows > budget) budget = rows;
@@ -209,13 +245,13 @@ __device__ __forceinline__ PieceLength split_piece_units(const PlanArgs& a, cons
   if ((longest + slots - 1) / slots > lo) lo = static_cast<int>((longest + slots - 1) / slots);
   if (lo < 1) lo = 1;
   if (hi < lo) hi = lo;
-  if (fits(lo)) return {lo, longest};
+  if (fits(lo)) return lo;
   ++lo;
   while (lo < hi) {
     const int mid = lo + (hi - lo) / 2;
     if (fits(mid)) hi = mid; else lo = mid + 1;
   }
-  return {hi, longest};
+  return hi;
 }
 
 // Block `plan_block` of the plan's blocks writes entries [plan_block * kThreads, +kThreads) of
@@ -224,18 +260,26 @@ __device__ __forceinline__ PieceLength split_piece_units(const PlanArgs& a, cons
 template <int kThreads, class Batch>
 __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch& batch, int plan_block) {
   static_assert(kPlanChunk % kThreads == 0, "a chunk is whole requests per thread");
+  static_assert(kLaneSharesMaxBatch <= kPlanChunk, "lane by lane, the row block entries need the batch in one chunk");
   constexpr int kPerThread = kPlanChunk / kThreads;
   __shared__ int64_t s_block_end[kPlanChunk];   // inclusive: row blocks of requests up to this one
   __shared__ int64_t s_item_start[kPlanChunk];  // items of the requests before this one
   __shared__ int64_t s_piece_end[kPlanChunk];   // inclusive: pieces of requests up to this one
   __shared__ int s_pieces[kPlanChunk];          // pieces of each row block of this request
-  const PieceLength length = split_piece_units<kThreads>(a, batch);
-  const int piece_units = length.units;
+  const BatchTotals totals = batch_totals<kThreads>(a, batch);
+  const PlanChoice choice = plan_choice(a, totals);
+  if (plan_block == 0 && threadIdx.x == 0) {  // the choice's header entries now, so that it is not held across the scan
+    a.plan[kPlanEqualShares] = choice.equal ? 1 : 0;
+    a.plan[kPlanUsed] = choice.used;
+  }
+  const int lanes = choice.lanes;
+  const int piece_units = split_piece_units<kThreads>(a, batch, totals);
   const int64_t entry = int64_t(plan_block) * kThreads + threadIdx.x;
   // Recomputed where they are used: held across the scan, they spill in the staged preparation.
   auto row_fields = [&] { return a.plan + kPlanHeader; };
   auto piece_fields = [&] { return a.plan + kPlanHeader + kPlanFields * a.capacity; };
-  // Prefix sums of (row blocks << 32 | pieces), which both stay below 2^32, and of items.
+  // Prefix sums of (row blocks << 32 | pieces), which both stay below 2^32, and of items (lane by
+  // lane: of one lane's units, so that a row block's first item needs no division).
   enum { kBlocksPieces, kItems };
   __shared__ int64_t s_before[2];  // of the chunks scanned
   if (threadIdx.x < 2) s_before[threadIdx.x] = 0;
@@ -250,14 +294,14 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
       const int pieces = pieces_of(units[i], piece_units);
       s_pieces[threadIdx.x * kPerThread + i] = pieces;
       mine[kBlocksPieces] += blocks[i] << 32 | blocks[i] * pieces;
-      mine[kItems] += blocks[i] * units[i];
+      mine[kItems] += lanes > 0 ? units[i] : blocks[i] * units[i];  // lane by lane: the units of one lane
     }
     const int64_t blocks_before = s_before[kBlocksPieces] >> 32, pieces_before = s_before[kBlocksPieces] & 0xffffffff;
     block_exclusive_sums<kThreads, 2>(mine, s_before);
     for (int i = 0; i < kPerThread; ++i) {
       s_item_start[threadIdx.x * kPerThread + i] = mine[kItems];
       mine[kBlocksPieces] += blocks[i] << 32 | blocks[i] * s_pieces[threadIdx.x * kPerThread + i];
-      mine[kItems] += blocks[i] * units[i];
+      mine[kItems] += lanes > 0 ? units[i] : blocks[i] * units[i];
       s_block_end[threadIdx.x * kPerThread + i] = mine[kBlocksPieces] >> 32;
       s_piece_end[threadIdx.x * kPerThread + i] = mine[kBlocksPieces] & 0xffffffff;
     }
@@ -272,15 +316,17 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
       return lo;
     };
     if (entry < a.capacity && entry >= blocks_before && entry < (s_before[kBlocksPieces] >> 32)) {  // row block entry
-      const int lo = request_of(s_block_end);
+      // Lane by lane (one chunk, every request `lanes` row blocks): entry e is block e / B of
+      // request e % B, after the lanes before it (U units each) and the requests before it.
+      const int lo = lanes > 0 ? static_cast<int>(uint32_t(entry) % uint32_t(a.batch)) : request_of(s_block_end);
       int64_t request_blocks, request_units;
       request_work(a, batch, c0 + lo, request_blocks, request_units);
-      const int64_t block = entry - (s_block_end[lo] - request_blocks);
+      const int64_t block = lanes > 0 ? int64_t(uint32_t(entry) / uint32_t(a.batch)) : entry - (s_block_end[lo] - request_blocks);
       int64_t* const out = row_fields() + entry;
       out[kPlanRequest * a.capacity] = c0 + lo;
       out[kPlanBlock * a.capacity] = block;
       out[kPlanUnits * a.capacity] = request_units;
-      out[kPlanFirstItem * a.capacity] = s_item_start[lo] + block * request_units;
+      out[kPlanFirstItem * a.capacity] = s_item_start[lo] + block * (lanes > 0 ? s_before[kItems] : request_units);
     }
     // Piece entry: one thread a piece, so a long request's many pieces are written in parallel.
     if (entry < piece_capacity(a.capacity) && entry >= pieces_before && entry < (s_before[kBlocksPieces] & 0xffffffff)) {
@@ -303,7 +349,7 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
     // and written: only block 0 (the header) needs the totals.
     if (plan_block != 0 && (s_before[kBlocksPieces] >> 32) >= int64_t(plan_block + 1) * kThreads) break;
   }
-  const int64_t all_blocks = s_before[kBlocksPieces] >> 32, all_items = s_before[kItems];
+  const int64_t all_blocks = s_before[kBlocksPieces] >> 32, all_items = s_before[kItems] * (lanes > 0 ? lanes : 1);
   const int64_t all_pieces = s_before[kBlocksPieces] & 0xffffffff;
   const int64_t row_blocks = all_blocks < a.capacity ? all_blocks : a.capacity;
   // More row blocks than the shapes allow (only from indptrs that were not sanitized): no pieces.
@@ -322,26 +368,12 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
     piece[kPieceSlot * piece_capacity(a.capacity)] = -1;
   }
   if (plan_block == 0 && threadIdx.x == 0) {
-    // Equal shares where the longest piece times the waves of pieces exceeds a share by more than
-    // a cut costs (unequal requests), or where pieces with splits would not fit 2 slots per CTA.
-    const int64_t total = all_items, ctas = a.ctas, splits = a.splits;
-    const int64_t used = total < ctas ? total : ctas;
-    bool equal = false;
-    if (total > 0) {
-      const int64_t longest_piece = (length.longest + splits - 1) / splits;
-      const int64_t share = (total + used - 1) / used;
-      const int64_t waves = (row_blocks * splits + ctas - 1) / ctas;
-      const bool pieces_fit = splits == 1 || row_blocks * splits <= 2 * ctas;
-      equal = !pieces_fit || share + kCutCostUnits < waves * longest_piece;
-    }
     int64_t* const h = a.plan;
-    h[kPlanEqualShares] = equal ? 1 : 0;
     h[kPlanRowBlocks] = row_blocks;
-    h[kPlanItems] = total;
-    h[kPlanUsed] = used;
+    h[kPlanItems] = all_items;
     h[kPlanHeads] = a.heads;
-    h[kPlanCtas] = ctas;
-    h[kPlanSplits] = splits;
+    h[kPlanCtas] = a.ctas;
+    h[kPlanSplits] = a.splits;
     h[kPlanPieces] = total_pieces;
   }
 }

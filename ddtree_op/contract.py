@@ -27,6 +27,11 @@ SM90_MAX_SPLITS = 128
 # plan, the combine and the Python oracle all compare with it.
 CUT_COST_UNITS = 8
 PARTIAL_SLOTS_PER_CTA = 2  # a persistent CTA's first and last segment
+# Equal shares go lane by lane (row block j of every request, then j + 1; persistent_schedule.py)
+# only in batches of at most LANE_SHARES_MAX_BATCH requests (the plan's blocks scan them in one
+# pass), and only where the lanes keep at least LANE_SHARES_MIN_USE eighths of the CTAs busy.
+LANE_SHARES_MAX_BATCH = 256
+LANE_SHARES_MIN_USE = 7
 
 # The schedule plan (int64), made by the preparation from the sanitized batch and read by the
 # sm90 kernels and their combines: PLAN_HEADER entries, PLAN_FIELDS arrays of one entry per row

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import torch
 
-from .contract import (CUT_COST_UNITS, MASK_LAYOUTS, MAX_PIECE_BUDGET, PACKED_MASK_BITS, PIECE_FIELDS, PIECE_ROW, PIECE_SLOT,
-                       PIECE_SLOTS_PER_SPLIT, PIECE_UNITS, PLAN_BLOCK, PLAN_CTAS, PLAN_EQUAL_SHARES, PLAN_FIELDS,
-                       PLAN_FIRST_ITEM, PLAN_HEADER, PLAN_HEADS, PLAN_ITEMS, PLAN_PIECES, PLAN_REQUEST, PLAN_ROW_BLOCKS,
-                       PLAN_SPLITS, PLAN_UNITS, PLAN_USED, ROWS_PER_BLOCK, UNIT_KEYS, piece_capacity, plan_capacity)
+from .contract import (CUT_COST_UNITS, LANE_SHARES_MAX_BATCH, LANE_SHARES_MIN_USE, MASK_LAYOUTS, MAX_PIECE_BUDGET,
+                       PACKED_MASK_BITS, PIECE_FIELDS, PIECE_ROW, PIECE_SLOT, PIECE_SLOTS_PER_SPLIT, PIECE_UNITS, PLAN_BLOCK,
+                       PLAN_CTAS, PLAN_EQUAL_SHARES, PLAN_FIELDS, PLAN_FIRST_ITEM, PLAN_HEADER, PLAN_HEADS, PLAN_ITEMS,
+                       PLAN_PIECES, PLAN_REQUEST, PLAN_ROW_BLOCKS, PLAN_SPLITS, PLAN_UNITS, PLAN_USED, ROWS_PER_BLOCK,
+                       UNIT_KEYS, piece_capacity, plan_capacity)
 from . import status as status_layout
 from .status import FAULTS, write_keys
 
@@ -280,12 +281,6 @@ def verify_plan(qo_indptr: torch.Tensor, verify_indptr: torch.Tensor, num_rows: 
     item_start = torch.cumsum(items, 0) - items
     total = items.sum()
     row_blocks = block_end[-1].clamp(max=capacity)
-    row_block = torch.arange(capacity, device=device)
-    request = torch.searchsorted(block_end[:-1], row_block, right=True)
-    live = row_block < row_blocks
-    block = torch.where(live, row_block - (block_end[request] - blocks[request]), 0)
-    request = torch.where(live, request, batch)
-    first_item = torch.where(live, item_start[request] + block * units[request], total)
     # The choice: equal shares where the longest piece times the waves of pieces exceeds a share
     # by more than a cut costs, or where pieces with splits would not fit 2 partial slots per CTA.
     longest = _ceil_div(torch.where(blocks > 0, units, 0).max(), splits)
@@ -294,6 +289,29 @@ def verify_plan(qo_indptr: torch.Tensor, verify_indptr: torch.Tensor, num_rows: 
     waves = _ceil_div(row_blocks * splits, ctas)
     pieces_fit = (row_blocks * splits <= 2 * ctas) | (splits == 1)
     equal = (total > 0) & (~pieces_fit | (share + CUT_COST_UNITS < waves * longest))
+    # Equal shares lane by lane (persistent_schedule.share_lanes): every request R row blocks.
+    lanes = blocks[0] if batch > 0 else zero[0]
+    parts = torch.minimum(torch.div(ctas, lanes.clamp(min=1), rounding_mode="floor"),
+                          torch.div(total, lanes.clamp(min=1), rounding_mode="floor"))
+    by_lane = (equal & (batch <= LANE_SHARES_MAX_BATCH) & (lanes >= 1) & (blocks[:batch] == lanes).all()
+               & (block_end[-1] <= capacity) & (parts >= 1) & (8 * lanes * parts >= LANE_SHARES_MIN_USE * ctas))
+    used = torch.where(by_lane, lanes * parts, used)
+    row_block = torch.arange(capacity, device=device)
+    request = torch.searchsorted(block_end[:-1], row_block, right=True)
+    live = row_block < row_blocks
+    block = torch.where(live, row_block - (block_end[request] - blocks[request]), 0)
+    request = torch.where(live, request, batch)
+    first_item = torch.where(live, item_start[request] + block * units[request], total)
+    # The row-block fields lane by lane: entry e is block e // B of request e % B (the pieces
+    # below stay in request order).
+    lane_request = row_block % max(batch, 1)
+    lane_block = torch.div(row_block, max(batch, 1), rounding_mode="floor")
+    unit_start = torch.cumsum(units, 0) - units
+    lane_first = lane_block * torch.div(total, lanes.clamp(min=1), rounding_mode="floor") + unit_start[lane_request]
+    in_lanes = by_lane & live
+    field_request = torch.where(in_lanes, lane_request, request)
+    field_block = torch.where(in_lanes, lane_block, block)
+    first_item = torch.where(in_lanes, lane_first, first_item)
     # The split kernel's pieces: row block r of request b in pieces[b] pieces from first_piece[r].
     pieces = _pieces_of(units, _split_piece_units(blocks, units, capacity, batch, ctas, splits))
     request_pieces = blocks * pieces
@@ -322,8 +340,8 @@ def verify_plan(qo_indptr: torch.Tensor, verify_indptr: torch.Tensor, num_rows: 
     header[PLAN_HEADS], header[PLAN_CTAS], header[PLAN_SPLITS] = heads, ctas, splits
     header[PLAN_PIECES] = torch.where(block_end[-1] < capacity, all_pieces, 0)
     fields = [None] * PLAN_FIELDS
-    fields[PLAN_REQUEST], fields[PLAN_BLOCK], fields[PLAN_FIRST_ITEM] = request, block, first_item
-    fields[PLAN_UNITS] = torch.where(live, units[request], 0)
+    fields[PLAN_REQUEST], fields[PLAN_BLOCK], fields[PLAN_FIRST_ITEM] = field_request, field_block, first_item
+    fields[PLAN_UNITS] = torch.where(live, units[field_request], 0)
     piece_fields = [None] * PIECE_FIELDS
     piece_fields[PIECE_ROW], piece_fields[PIECE_UNITS], piece_fields[PIECE_SLOT] = piece_row, piece_units, piece_slot
     return torch.cat([header] + fields + piece_fields)

@@ -32,6 +32,13 @@ EDGE_CASES = [
     ([2000], [64], 128),  # H = 128, n = 64
 ]
 
+# Equal drafts and unequal prefixes (a serving step), which the persistent kernel's equal shares
+# take lane by lane (persistent_schedule.share_lanes): at 5 CTAs one lane each, at 132 with cuts.
+LANE_CASES = [
+    ([3000, 700, 9000], [20, 20, 20], 16),
+    ([3000, 700, 9000, 64], [8, 8, 8, 8], 128),
+]
+
 # (CTAs, splits) for the persistent kernel's tests; splits None: the shape-only count.
 PERSISTENT_SCHEDULES = [(1, 1), (5, 1), (5, 2), (132, None)]
 

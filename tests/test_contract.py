@@ -18,6 +18,8 @@ EXPECTED = {
     "kUnitKeys": contract.UNIT_KEYS,
     "kSm90MaxSplits": contract.SM90_MAX_SPLITS,
     "kCutCostUnits": contract.CUT_COST_UNITS,
+    "kLaneSharesMaxBatch": contract.LANE_SHARES_MAX_BATCH,
+    "kLaneSharesMinUse": contract.LANE_SHARES_MIN_USE,
     "kPartialSlotsPerCta": contract.PARTIAL_SLOTS_PER_CTA,
     "kPlanHeader": contract.PLAN_HEADER,
     "kPlanFields": contract.PLAN_FIELDS,

@@ -5,15 +5,15 @@ import torch
 
 import test_gpu_graphs
 from conftest import needs_cuda
-from gpu_cases import (ATTENTION_CASES, EDGE_CASES, PERSISTENT_SCHEDULES, assert_matches_reference, case_id, cuda_backends,
-                       make_gpu_case, needs_sm90, run_sm90)
+from gpu_cases import (ATTENTION_CASES, EDGE_CASES, LANE_CASES, PERSISTENT_SCHEDULES, assert_matches_reference, case_id,
+                       cuda_backends, make_gpu_case, needs_sm90, run_sm90)
 from ddtree_op import mla_tree_verify
 
 pytestmark = [needs_cuda, needs_sm90]
 
 
 @pytest.mark.parametrize("ctas,splits", PERSISTENT_SCHEDULES)
-@pytest.mark.parametrize("case", ATTENTION_CASES + EDGE_CASES, ids=case_id)
+@pytest.mark.parametrize("case", ATTENTION_CASES + EDGE_CASES + LANE_CASES, ids=case_id)
 def test_persistent_kernel_matches_reference(case, ctas, splits):
     """The persistent kernel on every shape, whatever `auto` would pick: 1 CTA walks every row
     block; 5 cut most of them or take several pieces; 132 (one per SM) leave some CTAs idle when
@@ -22,7 +22,7 @@ def test_persistent_kernel_matches_reference(case, ctas, splits):
     that see no key included."""
     if "sm90" not in cuda_backends():
         pytest.skip("the sm_90a kernel needs an sm_90 GPU")
-    index = (ATTENTION_CASES + EDGE_CASES).index(case)
+    index = (ATTENTION_CASES + EDGE_CASES + LANE_CASES).index(case)
     dtype = torch.float16 if ctas == 5 else torch.bfloat16
     vb = make_gpu_case(case, "full", dtype, seed=100 + index + ctas)
     ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), backend="reference")

@@ -87,6 +87,26 @@ def test_verify_plan_cuda_matches_cpu(seed):
         assert torch.equal(got.cpu(), verify_plan(qo, vi, rows, heads, ctas, splits)), (batch, heads, ctas, splits)
 
 
+@pytest.mark.parametrize("seed", range(24))
+def test_verify_plan_cuda_matches_cpu_lane_by_lane(seed):
+    """Equal drafts and unequal prefixes (a serving step), whose equal shares go lane by lane
+    where the row blocks divide the CTAs well (persistent_schedule.share_lanes); B up to 256 and
+    one past it."""
+    import random
+
+    from ddtree_op.prep import verify_plan
+
+    rng = random.Random(seed)
+    batch, n = rng.choice([2, 8, 32, 255, 256, 257]), rng.choice([1, 4, 16, 64])
+    keys = [n + rng.randint(0, 12288) for _ in range(batch)]
+    qo = torch.arange(batch + 1) * n
+    vi = torch.tensor([0] + keys).cumsum(0).int()
+    heads, ctas = rng.choice([16, 128]), rng.choice([7, 16, 132])
+    rows = int(qo[-1]) + rng.choice([0, 3])
+    got = torch.ops.ddtree_cuda.verify_plan(qo.int().cuda(), vi.cuda(), rows, heads, ctas, 1)
+    assert torch.equal(got.cpu(), verify_plan(qo, vi, rows, heads, ctas, 1)), (batch, n, heads, ctas)
+
+
 @pytest.mark.parametrize("batch", [1000, 2048])
 def test_prepare_verify_cuda_plan_of_many_requests(batch):
     """Many requests (the plan's scan in several chunks) through the preparation: staged, and above

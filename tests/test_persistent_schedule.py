@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from ddtree_op import contract
-from ddtree_op.backends.sm90.persistent_schedule import (Segment, choose_equal_shares, plan, slots_of_row_block, split_units,
-                                                        use_persistent, work_of_requests)
+from ddtree_op.backends.sm90.persistent_schedule import (Segment, choose_equal_shares, plan, row_block_order, share_lanes,
+                                                        slots_of_row_block, split_units, use_persistent, work_of_requests)
 from ddtree_op.contract import UNIT_KEYS
 from ddtree_op.prep import verify_plan
 
@@ -30,27 +30,45 @@ def items_in_order(segments):
     return [(s.request, s.block, u) for s in segments for u in range(s.unit_begin, s.unit_end)]
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_every_item_once(seed):
-    qo, kv, heads, ctas, splits = random_batch(seed)
+def lane_batch(seed):
+    """A batch whose requests all have the same drafts and unequal prefixes (a serving step's
+    verify), so that equal shares go lane by lane where the row blocks divide the CTAs well."""
+    rng = random.Random(seed)
+    batch, drafts = rng.randint(2, 40), rng.choice([1, 4, 16, 64])
+    qo, kv = [0], [0]
+    for _ in range(batch):
+        qo.append(qo[-1] + drafts)
+        kv.append(kv[-1] + rng.randint(0, 12288) + drafts)
+    heads, ctas = rng.choice([16, 128]), rng.choice([7, 16, 132])
+    return qo, kv, heads, ctas, 1
+
+
+BATCHES = [random_batch(seed) for seed in range(60)] + [lane_batch(seed) for seed in range(60)]
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_every_item_once(batch):
+    qo, kv, heads, ctas, splits = batch
     equal, segments = plan(qo, kv, heads, ctas, splits)
-    want = [(b, j, u) for b, (blocks, units) in enumerate(work_of_requests(qo, kv, heads))
-            for j in range(blocks) for u in range(units)]
-    if equal:  # CTAs in order of their shares
+    work = work_of_requests(qo, kv, heads)
+    if equal:  # CTAs in order of their shares, which follow the row blocks' item order
+        lanes, _ = share_lanes(work, ctas)
+        want = [(b, j, u) for b, j, units in row_block_order(work, lanes) for u in range(units)]
         assert items_in_order([s for cta in segments for s in cta]) == want
     else:  # pieces: row blocks in order, each's splits in order
+        want = [(b, j, u) for b, (blocks, units) in enumerate(work) for j in range(blocks) for u in range(units)]
         pieces = sorted((s for cta in segments for s in cta), key=lambda s: (s.request, s.block, s.unit_begin, s.unit_end))
         assert items_in_order(pieces) == want
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_equal_shares_differ_by_at_most_one_unit(seed):
-    qo, kv, heads, ctas, splits = random_batch(seed)
+@pytest.mark.parametrize("batch", BATCHES)
+def test_equal_shares_differ_by_at_most_one_unit(batch):
+    qo, kv, heads, ctas, splits = batch
     equal, segments = plan(qo, kv, heads, ctas, splits)
     if not equal:
         pytest.skip("this batch gets the pieces schedule")
     shares = [sum(s.unit_end - s.unit_begin for s in cta) for cta in segments]
-    used = min(ctas, sum(shares))
+    _, used = share_lanes(work_of_requests(qo, kv, heads), ctas)
     assert max(shares[:used]) - min(shares[:used]) <= 1 and not any(shares[used:])
     for cta, cta_segments in enumerate(segments):
         assert all(s.slot is None for s in cta_segments[1:-1])  # middle segments are whole row blocks
@@ -58,9 +76,9 @@ def test_equal_shares_differ_by_at_most_one_unit(seed):
             assert s.slot is None or s.slot == 2 * cta + (0 if i == 0 else 1)
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_partial_slots_are_unique_and_the_combine_finds_them(seed):
-    qo, kv, heads, ctas, splits = random_batch(seed)
+@pytest.mark.parametrize("batch", BATCHES)
+def test_partial_slots_are_unique_and_the_combine_finds_them(batch):
+    qo, kv, heads, ctas, splits = batch
     _, segments = plan(qo, kv, heads, ctas, splits)
     slots_by_block = {}
     for s in sorted((s for cta in segments for s in cta), key=lambda s: (s.request, s.block, s.unit_begin, s.unit_end)):
@@ -71,6 +89,37 @@ def test_partial_slots_are_unique_and_the_combine_finds_them(seed):
     for b, (blocks, _) in enumerate(work_of_requests(qo, kv, heads)):
         for j in range(blocks):
             assert slots_of_row_block(qo, kv, heads, ctas, splits, b, j) == slots_by_block.get((b, j), [])
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_lane_shares_take_the_same_keys_in_every_lane(seed):
+    qo, kv, heads, ctas, splits = lane_batch(seed)
+    work = work_of_requests(qo, kv, heads)
+    equal, segments = plan(qo, kv, heads, ctas, splits)
+    lanes, used = share_lanes(work, ctas)
+    if not (equal and lanes):
+        pytest.skip("this batch gets pieces, or equal shares in request order")
+    parts = used // lanes
+    assert lanes == work[0][0] and used <= ctas and 8 * used >= contract.LANE_SHARES_MIN_USE * ctas
+    for p in range(parts):  # CTA j P + p of every lane j: row block j, the same requests and units
+        shapes = [[(s.request, s.unit_begin, s.unit_end, s.slot is None) for s in segments[j * parts + p]] for j in range(lanes)]
+        assert all(shape == shapes[0] for shape in shapes)
+        assert all(s.block == j for j in range(lanes) for s in segments[j * parts + p])
+    assert not any(segments[used:])
+
+
+def test_lane_shares_for_equal_drafts_and_unequal_prefixes():
+    # H16_n16_B32_P8192_ragged's kind: 4 row blocks a request, 132 CTAs -> 33 parts of 4 lanes.
+    qo = [16 * b for b in range(33)]
+    kv = [0]
+    for b in range(32):
+        kv.append(kv[-1] + (4096 if b % 2 else 12288) + 16)
+    work = work_of_requests(qo, kv, 16)
+    assert choose_equal_shares(work, 132, 1) and share_lanes(work, 132) == (4, 132)
+    assert share_lanes(work, 100) == (4, 100) and share_lanes(work, 130) == (4, 128)
+    assert share_lanes([(34, 64)] * 8, 132) == (0, 132)  # 3 parts of 34 lanes: 102 of 132 CTAs
+    assert share_lanes([(4, 64)] * 7 + [(3, 64)], 132)[0] == 0  # unequal row blocks
+    assert share_lanes([(4, 64)] * (contract.LANE_SHARES_MAX_BATCH + 1), 132)[0] == 0
 
 
 def test_unequal_requests_get_equal_shares_and_equal_ones_pieces():
@@ -104,12 +153,12 @@ def test_persistent_kernel_for_one_or_two_waves_of_large_shares():
 def test_gpu_tests_cover_both_plans_and_both_kinds_of_partials():
     """tests/test_gpu_persistent.py runs the persistent kernel on these cases and CTA counts; the device picks
     the plan from the lengths, so check here that they reach every path of it."""
-    from gpu_cases import ATTENTION_CASES, EDGE_CASES, PERSISTENT_SCHEDULES
+    from gpu_cases import ATTENTION_CASES, EDGE_CASES, LANE_CASES, PERSISTENT_SCHEDULES
 
     from ddtree_op.backends.sm90.schedule import sm90_splits
 
     seen = set()
-    for prefix, drafts, heads in ATTENTION_CASES + EDGE_CASES:
+    for prefix, drafts, heads in ATTENTION_CASES + EDGE_CASES + LANE_CASES:
         qo, kv = [0], [0]
         for p, n in zip(prefix, drafts):
             qo.append(qo[-1] + n)
@@ -120,10 +169,13 @@ def test_gpu_tests_cover_both_plans_and_both_kinds_of_partials():
             equal, segments = plan(qo, kv, heads, ctas, splits)
             slots = [s.slot for cta in segments for s in cta if s.slot is not None]
             seen.add(("equal shares" if equal else "pieces", "partials" if slots else "whole row blocks"))
+            if equal and share_lanes(work_of_requests(qo, kv, heads), ctas)[0] > 1:
+                seen.add(("lane by lane", "partials" if slots else "whole row blocks"))
             if equal and any(s.slot is not None and s.unit_begin > 0 and len(cta) > 1 for cta in segments for s in cta[:1]):
                 seen.add("a first segment deferred")
     assert seen == {("equal shares", "partials"), ("equal shares", "whole row blocks"), ("pieces", "partials"),
-                    ("pieces", "whole row blocks"), "a first segment deferred"}
+                    ("pieces", "whole row blocks"), ("lane by lane", "partials"), ("lane by lane", "whole row blocks"),
+                    "a first segment deferred"}
 
 
 # The plan the preparation makes (prep.verify_plan, the CPU twin of cutlass_kernels/verify_plan.cuh),
@@ -210,9 +262,14 @@ def plan_batch(seed):
     return qo, kv, qo[-1] + rng.choice([0, 0, 3, 70]), heads, ctas, rng.choice([1, 1, 2, 5, 40])
 
 
-@pytest.mark.parametrize("seed", range(300))
-def test_plan_gives_the_schedule_segments_and_slots(seed):
-    qo, kv, num_rows, heads, ctas, splits = plan_batch(seed)
+def lane_plan_batch(seed):
+    qo, kv, heads, ctas, splits = lane_batch(seed)
+    return qo, kv, qo[-1] + random.Random(seed).choice([0, 3]), heads, ctas, splits
+
+
+@pytest.mark.parametrize("batch", [plan_batch(seed) for seed in range(300)] + [lane_plan_batch(seed) for seed in range(60)])
+def test_plan_gives_the_schedule_segments_and_slots(batch):
+    qo, kv, num_rows, heads, ctas, splits = batch
     plan_tensor = verify_plan(torch.tensor(qo), torch.tensor(kv, dtype=torch.int32), num_rows, heads, ctas, splits)
     capacity = contract.plan_capacity(num_rows, heads, len(qo) - 1)
     assert plan_tensor.dtype == torch.int64 and plan_tensor.numel() == contract.plan_numel(num_rows, heads, len(qo) - 1)

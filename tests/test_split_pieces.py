@@ -39,14 +39,16 @@ def pieces_of_plan(plan, num_rows, heads, batch):
     # The combine's view: the pieces are runs, one per row block in the row blocks' order, and a
     # run's pieces are its slots 0 .. n - 1 (n of them; one piece with one split) that cover its
     # row block's units once, in order.
+    # The row blocks in request order (equal shares may list them lane by lane).
+    row_blocks = sorted((field(contract.PLAN_REQUEST, r), field(contract.PLAN_BLOCK, r), field(contract.PLAN_UNITS, r))
+                        for r in range(header[contract.PLAN_ROW_BLOCKS]))
     runs = [list(run) for _, run in itertools.groupby(pieces, key=lambda piece: (piece.request, piece.block))]
-    assert [(run[0].request, run[0].block) for run in runs] == [
-        (field(contract.PLAN_REQUEST, r), field(contract.PLAN_BLOCK, r)) for r in range(header[contract.PLAN_ROW_BLOCKS])]
+    assert [(run[0].request, run[0].block) for run in runs] == [(request, block) for request, block, _ in row_blocks]
     splits = header[contract.PLAN_SPLITS]
-    for r, run in enumerate(runs):
+    for (_, _, units), run in zip(row_blocks, runs):
         assert [piece.slot for piece in run] == (list(range(len(run))) if splits > 1 else [None])
         assert all(piece.pieces == len(run) for piece in run)
-        bounds = [0] + [end for piece in run for end in (piece.unit_begin, piece.unit_end)] + [field(contract.PLAN_UNITS, r)]
+        bounds = [0] + [end for piece in run for end in (piece.unit_begin, piece.unit_end)] + [units]
         assert bounds == sorted(bounds) and all(begin == end for begin, end in zip(bounds[::2], bounds[1::2]))
     return pieces
 

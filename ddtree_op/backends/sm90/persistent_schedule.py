@@ -11,6 +11,12 @@ A row block has `units` of work, a unit being 128 keys (a pair of 64-key tiles).
 - equal shares: items (row block, unit) in request, row-block, unit order; CTA i < G' = min(G, W)
   takes items [i W // G', (i + 1) W // G'). A row block cut by a CTA boundary is written as
   partials: slot 2 i when it is CTA i's first segment, else 2 i + 1.
+  Lane by lane where every request has the same R row blocks (and the batch is small, and R
+  divides the CTAs well): the items in row-block-within-request, request, unit order (lane j is
+  row block j of every request, U units long), and G' = R P with P = min(G // R, U). Then the
+  CTAs j P + p of every lane j take the same units of the same requests, so the R row blocks of
+  a request read each key at about the same time (from L2 once it is there), as pieces of one
+  split do; in request order the CTAs sweep one request's keys from different places at once.
 Equal shares when the longest piece times the waves of pieces exceeds a CTA's share by more than
 what cutting costs (CUT_COST_UNITS), that is when requests are unequal; and when there are more
 pieces with splits than partial slots (2 per CTA).
@@ -20,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...contract import CUT_COST_UNITS, ROWS_PER_BLOCK, UNIT_KEYS
+from ...contract import CUT_COST_UNITS, LANE_SHARES_MAX_BATCH, LANE_SHARES_MIN_USE, ROWS_PER_BLOCK, UNIT_KEYS
 
 # CUT_COST_UNITS: what an equal share pays over its units, in units: its cut row blocks' second
 # prologue and fp32 epilogue, the combine, and cache misses of CTAs that are no longer in step
@@ -63,6 +69,29 @@ def choose_equal_shares(work: list[tuple[int, int]], ctas: int, splits: int) -> 
     return not pieces_fit or share + CUT_COST_UNITS < -(-pieces // ctas) * longest
 
 
+def share_lanes(work: list[tuple[int, int]], ctas: int) -> tuple[int, int]:
+    """Equal shares' (lanes, CTAs used): (R, R P) lane by lane (the module's docstring), else
+    (0, min(G, W))."""
+    total = sum(blocks * units for blocks, units in work)
+    ungrouped = (0, min(ctas, total))
+    if not work or len(work) > LANE_SHARES_MAX_BATCH or len({blocks for blocks, _ in work}) != 1:
+        return ungrouped
+    lanes = work[0][0]
+    if lanes < 1:
+        return ungrouped
+    parts = min(ctas // lanes, total // lanes)
+    if parts < 1 or 8 * lanes * parts < LANE_SHARES_MIN_USE * ctas:
+        return ungrouped
+    return lanes, lanes * parts
+
+
+def row_block_order(work: list[tuple[int, int]], lanes: int) -> list[tuple[int, int, int]]:
+    """The row blocks (request, block, units) in item order: request-major, or lane by lane."""
+    if lanes:
+        return [(b, j, units) for j in range(lanes) for b, (_, units) in enumerate(work)]
+    return [(b, j, units) for b, (row_blocks, units) in enumerate(work) for j in range(row_blocks)]
+
+
 @dataclass(frozen=True)
 class Segment:
     request: int
@@ -76,7 +105,7 @@ def plan(qo_indptr: list[int], verify_indptr: list[int], heads: int, ctas: int, 
     """(equal shares?, each CTA's segments in item order). The kernel processes a CTA's first
     segment last when a boundary cuts it, so that CTAs start their whole row blocks in step."""
     work = work_of_requests(qo_indptr, verify_indptr, heads)
-    blocks = [(b, j, units) for b, (row_blocks, units) in enumerate(work) for j in range(row_blocks)]
+    blocks = row_block_order(work, 0)
     result: list[list[Segment]] = [[] for _ in range(ctas)]
     if not choose_equal_shares(work, ctas, splits):
         for piece in range(len(blocks) * splits):
@@ -84,10 +113,10 @@ def plan(qo_indptr: list[int], verify_indptr: list[int], heads: int, ctas: int, 
             begin, end = split_units(units, splits, piece % splits)
             result[piece % ctas].append(Segment(b, j, begin, end, piece if splits > 1 else None))
         return False, result
+    lanes, used = share_lanes(work, ctas)
     total = sum(units for _, _, units in blocks)
-    used = min(ctas, total)
     offset = 0  # first item of the current row block
-    for b, j, units in blocks:
+    for b, j, units in row_block_order(work, lanes):
         for cta in range(used):
             begin, end = cta * total // used, (cta + 1) * total // used
             lo, hi = max(begin, offset), min(end, offset + units)
@@ -109,8 +138,11 @@ def slots_of_row_block(qo_indptr: list[int], verify_indptr: list[int], heads: in
         index = sum(row_blocks for row_blocks, _ in work[:request]) + block
         return list(range(index * splits, (index + 1) * splits)) if splits > 1 else []
     total = sum(row_blocks * units for row_blocks, units in work)
-    used = min(ctas, total)
-    first = sum(row_blocks * units for row_blocks, units in work[:request]) + block * work[request][1]
+    lanes, used = share_lanes(work, ctas)
+    if lanes:
+        first = block * (total // lanes) + sum(units for _, units in work[:request])
+    else:
+        first = sum(row_blocks * units for row_blocks, units in work[:request]) + block * work[request][1]
     last = first + work[request][1] - 1
 
     def cta_of(item: int) -> int:  # the last CTA whose share begins at or before `item`
