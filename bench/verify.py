@@ -389,7 +389,8 @@ def main(argv=None):
                         "paged:BACKEND (the attention alone over 64-row pages), paged_step:BACKEND (the whole paged step), "
                         "sglang_extend (SGLang's own Triton extend kernel, where sglang imports)")
     parser.add_argument("--triton-configs", default=None, help="extra Triton variants 'BM,BN,warps,stages;...'")
-    parser.add_argument("--filter", default=None, help="only cases whose name contains this")
+    parser.add_argument("--filter", default=None, help="only cases whose name contains this (a comma list: any of these; "
+                        "a name ending in $: that name exactly)")
     parser.add_argument("--no-prep", action="store_true", help="skip timing index build, mask conversion, whole step")
     parser.add_argument("--plain-step", action="store_true", help="also time each whole step with its kernels launched "
                         "one after another (DDTREE_PDL=0), as step_plain[BACKEND]")
@@ -399,7 +400,8 @@ def main(argv=None):
     cases = {"all": all_cases, "grid": grid_cases, "ragged": ragged_cases, "ragged_pairs": ragged_pair_cases,
              "serving": serving_cases}[args.cases]()
     if args.filter:
-        cases = [c for c in cases if args.filter in c.name]
+        wanted = args.filter.split(",")
+        cases = [c for c in cases if any(c.name == w[:-1] if w.endswith("$") else w in c.name for w in wanted)]
     backends = [b for b in args.backends.split(",") if b]
     if "flashmla" in backends and not flashmla_available():
         backends.remove("flashmla")

@@ -70,7 +70,8 @@ print(f"combine of an eager slot and late slots: {'ok' if ok else 'FAIL'}")
 heads = 16
 for qo, kv, ctas, splits, want_equal in [([0, 4, 8, 9], [0, 5117, 8953, 9053], 5, 1, True),  # 40, 30, 1 units
                                          ([0, 4, 12, 13], [0, 304, 1312, 1363], 7, 3, False),  # 3, 8, 1 units
-                                         ([0, 0, 4, 12, 13], [0, 700, 6000, 9000, 9100], 3, 1, True)]:  # no drafts, 42, 24, 1
+                                         ([0, 0, 4, 12, 13], [0, 700, 6000, 9000, 9100], 3, 1, True),  # no drafts, 42, 24, 1
+                                         ([0, 20, 40, 60], [0, 3020, 3740, 12760], 10, 1, True)]:  # lane by lane: 5 row blocks each
     equal, segments = plan(qo, kv, heads, ctas, splits)
     part_out = torch.full((2 * ctas, 64, 512), float("nan"))
     part_lse = torch.full((2 * ctas, 64), float("nan"))
