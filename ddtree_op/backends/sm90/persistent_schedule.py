@@ -11,12 +11,13 @@ A row block has `units` of work, a unit being 128 keys (a pair of 64-key tiles).
 - equal shares: items (row block, unit) in request, row-block, unit order; CTA i < G' = min(G, W)
   takes items [i W // G', (i + 1) W // G'). A row block cut by a CTA boundary is written as
   partials: slot 2 i when it is CTA i's first segment, else 2 i + 1.
-  Lane by lane where every request has the same R row blocks (and the batch is small, and R
-  divides the CTAs well): the items in row-block-within-request, request, unit order (lane j is
-  row block j of every request, U units long), and G' = R P with P = min(G // R, U). Then the
-  CTAs j P + p of every lane j take the same units of the same requests, so the R row blocks of
-  a request read each key at about the same time (from L2 once it is there), as pieces of one
-  split do; in request order the CTAs sweep one request's keys from different places at once.
+  Lane by lane where every request has the same R row blocks, the batch has at most
+  LANE_SHARES_MAX_BATCH requests and R P >= LANE_SHARES_MIN_USE / 8 of the CTAs: the items in
+  row-block-within-request, request, unit order (lane j is row block j of every request, U units
+  long), and G' = R P with P = min(G // R, U). Then the CTAs j P + p of every lane j take the same
+  units of the same requests, so the R row blocks of a request read each key at about the same
+  time (from L2 once it is there), as pieces of one split do; in request order the CTAs sweep one
+  request's keys from different places at once.
 Equal shares when the longest piece times the waves of pieces exceeds a CTA's share by more than
 what cutting costs (CUT_COST_UNITS), that is when requests are unequal; and when there are more
 pieces with splits than partial slots (2 per CTA).
