@@ -290,7 +290,7 @@ def verify_plan(qo_indptr: torch.Tensor, verify_indptr: torch.Tensor, num_rows: 
     pieces_fit = (row_blocks * splits <= 2 * ctas) | (splits == 1)
     equal = (total > 0) & (~pieces_fit | (share + CUT_COST_UNITS < waves * longest))
     # Equal shares lane by lane (persistent_schedule.share_lanes): every request R row blocks.
-    lanes = blocks[0] if batch > 0 else zero[0]
+    lanes = blocks[0]  # the first request's (with no request, the entry past the last: 0)
     parts = torch.minimum(torch.div(ctas, lanes.clamp(min=1), rounding_mode="floor"),
                           torch.div(total, lanes.clamp(min=1), rounding_mode="floor"))
     by_lane = (equal & (batch <= LANE_SHARES_MAX_BATCH) & (lanes >= 1) & (blocks[:batch] == lanes).all()

@@ -36,10 +36,9 @@ def pieces_of_plan(plan, num_rows, heads, batch):
     past = [(piece(contract.PIECE_ROW, p), piece(contract.PIECE_UNITS, p), piece(contract.PIECE_SLOT, p))
             for p in range(header[contract.PLAN_PIECES], slots)]
     assert past == [(batch << 32, 0, -1)] * len(past)
-    # The combine's view: the pieces are runs, one per row block in the row blocks' order, and a
-    # run's pieces are its slots 0 .. n - 1 (n of them; one piece with one split) that cover its
-    # row block's units once, in order.
-    # The row blocks in request order (equal shares may list them lane by lane).
+    # The combine's view: the pieces are runs, one per row block in request order (the plan may list
+    # its row blocks lane by lane, so they are sorted), and a run's pieces are its slots 0 .. n - 1
+    # (n of them; one piece with one split) that cover its row block's units once, in order.
     row_blocks = sorted((field(contract.PLAN_REQUEST, r), field(contract.PLAN_BLOCK, r), field(contract.PLAN_UNITS, r))
                         for r in range(header[contract.PLAN_ROW_BLOCKS]))
     runs = [list(run) for _, run in itertools.groupby(pieces, key=lambda piece: (piece.request, piece.block))]

@@ -1,8 +1,8 @@
 """Merges the partials of the persistent kernel's row blocks (persistent_schedule.py).
 
 Program (k, g) reads the schedule plan that the kernel read (cutlass_kernels/verify_plan.cuh)
-and merges rows [16 g, 16 g + 16) of at most one row block, 4 at a time: with equal shares, the row block that
-CTA k's share begins in (a binary search of the plan's first items), if that boundary cuts it and
+and merges rows [16 g, 16 g + 16) of at most one row block, 4 at a time: with equal shares, the
+row block that CTA k's share begins in (a binary search of the plan's first items), if that boundary cuts it and
 is its first cut; with pieces, row block k, if it has more than one split. Every other program
 does nothing, and ends without waiting for the attention kernel, so that where nothing is cut
 (pieces of one split) the grid costs little more than one program that waits. The grid is
@@ -24,9 +24,9 @@ from ..splits import dependent_launch
 # 8 warps): equal shares rarely cut a row block more than 3 times. One row per program needs 64
 # programs per row block, whose registers leave room for few programs per SM (docs/kernel-log.md, v8).
 # It takes ROW_GROUPS such groups of rows one after another, so that the plan is searched once for
-# them: the programs start only as the kernel's CTAs leave, a few an SM, so their count in waves
-# times the search's dependent loads is what a merge costs (16 groups a row block: ~50 µs on
-# H16_n16_B32_P8192_ragged, docs/kernel-log.md).
+# them: a quarter of the programs, which start only as the kernel's CTAs leave, about two an SM
+# (-9 µs on H16_n16_B32_P8192_ragged; most of the merge's ~50 µs after the kernel is elsewhere,
+# docs/kernel-log.md, "cg").
 SLOT_BLOCK = 4
 ROWS_PER_PROGRAM = 4
 ROW_GROUPS = 4
