@@ -32,7 +32,8 @@ constexpr int kLaneSharesMinUse = 7;
 
 // The schedule plan (int64; layout and meaning: verify_plan.cuh): kPlanHeader entries,
 // kPlanFields arrays of one entry per row block, then kPieceFields arrays of one entry per piece
-// of the split kernel (room for the row blocks and kMaxPieceBudget more).
+// of the split kernel (room for the row blocks and kMaxPieceBudget more), then one more entry per
+// row block: the partials of it that the running persistent kernel has written.
 constexpr int kPlanHeader = 8;
 constexpr int kPlanFields = 4;
 constexpr int kPieceFields = 3;

@@ -7,7 +7,8 @@
 //
 // Layout (int64; indices in contract.cuh): kPlanHeader entries, kPlanFields arrays of
 // plan_capacity(T_pad, H, B) entries, one per row block, then kPieceFields arrays of
-// piece_capacity entries, one per piece (all functions of shapes only).
+// piece_capacity entries, one per piece, then one more entry per row block (all functions of
+// shapes only).
 //   header         the choice (1: equal shares, 0: pieces), the row blocks and items (row
 //                  block, unit) of all requests, CTAs with an equal share (min(CTAs, items)),
 //                  the heads, CTAs and splits the plan was made for (its readers check them),
@@ -18,6 +19,8 @@
 //                  slot (pieces of its row block << 32 | its index k among them: it writes
 //                  partial rows [k, row]; with splits > 1) or -1 (out/lse directly; past the last
 //                  piece: request B, block 0, units 0, slot -1)
+//   row block r    (the last array) the partials of it that the running persistent kernel
+//                  has written: 0 between launches (sm90/merge.cuh), the one entry a kernel writes
 // The split kernel's pieces: each row block's units cut into max(1, ceil(units / c)) nearly
 // equal pieces, c the fewest units for which all of them fit a budget (the shapes' row blocks
 // times the splits, what a batch of equal requests gets; at most one wave of CTAs; or the row
@@ -42,8 +45,11 @@ __host__ __device__ __forceinline__ int64_t piece_capacity(int64_t capacity) { r
 __host__ __device__ __forceinline__ int64_t piece_capacity(int64_t tokens, int64_t heads, int64_t batch) {
   return piece_capacity(plan_capacity(tokens, heads, batch));
 }
+__host__ __device__ __forceinline__ int64_t plan_partials_written_offset(int64_t capacity) {
+  return kPlanHeader + kPlanFields * capacity + kPieceFields * piece_capacity(capacity);
+}
 __host__ __device__ __forceinline__ int64_t plan_numel(int64_t tokens, int64_t heads, int64_t batch) {
-  return kPlanHeader + kPlanFields * plan_capacity(tokens, heads, batch) + kPieceFields * piece_capacity(tokens, heads, batch);
+  return plan_partials_written_offset(plan_capacity(tokens, heads, batch)) + plan_capacity(tokens, heads, batch);
 }
 // CTAs of the split kernel (contract.py's split_grid): room for every piece and one more CTA.
 __host__ __device__ __forceinline__ int64_t split_grid(int64_t tokens, int64_t heads, int64_t batch, int64_t splits) {
@@ -62,6 +68,10 @@ struct PlanView {
   }
   __device__ __forceinline__ int64_t piece(int f, int64_t p) const {
     return data[kPlanHeader + kPlanFields * capacity + f * piece_capacity(capacity) + p];
+  }
+  // The one field a kernel writes (sm90/merge.cuh), back at 0 when the kernel ends.
+  __device__ __forceinline__ unsigned long long* partials_written(int64_t row_block) const {
+    return reinterpret_cast<unsigned long long*>(const_cast<int64_t*>(data) + plan_partials_written_offset(capacity) + row_block);
   }
 };
 
@@ -278,6 +288,7 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
   // Recomputed where they are used: held across the scan, they spill in the staged preparation.
   auto row_fields = [&] { return a.plan + kPlanHeader; };
   auto piece_fields = [&] { return a.plan + kPlanHeader + kPlanFields * a.capacity; };
+  auto partials_written_fields = [&] { return piece_fields() + kPieceFields * piece_capacity(a.capacity); };
   // Prefix sums of (row blocks << 32 | pieces), which both stay below 2^32, and of items (lane by
   // lane: of one lane's units, so that a row block's first item needs no division).
   enum { kBlocksPieces, kItems };
@@ -361,6 +372,7 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
     out[kPlanUnits * a.capacity] = 0;
     out[kPlanFirstItem * a.capacity] = all_items;
   }
+  if (entry < a.capacity) partials_written_fields()[entry] = 0;
   if (entry < piece_capacity(a.capacity) && entry >= all_pieces) {
     int64_t* const piece = piece_fields() + entry;
     piece[kPieceRow * piece_capacity(a.capacity)] = int64_t(a.batch) << 32;

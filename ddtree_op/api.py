@@ -96,8 +96,10 @@ class PreparedVerify(NamedTuple):
     """One verify step's preparation (`prepare_tree_verify`, `prepare_tree_verify_paged`): the
     combined indices, the compact mask and the schedule plan of the sanitized batch, valid for
     every layer's attention over that batch (`mla_tree_verify_prepared`) until its index tensors
-    change. `num_tokens`, `heads` and `num_slots` are the shapes it was made for; `page_size` is
-    0 for a token-slot pool, else the page size of the paged cache."""
+    change. Those calls run one after another (one stream, as a model's layers do): while the
+    sm90 kernel runs it counts merged pieces in the plan, and sets the counts back to 0 before it
+    ends. `num_tokens`, `heads` and `num_slots` are the shapes it was made for; `page_size` is 0
+    for a token-slot pool, else the page size of the paged cache."""
 
     qo_indptr: torch.Tensor  # sanitized, int32 [B+1]
     verify_indptr: torch.Tensor

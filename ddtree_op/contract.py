@@ -24,7 +24,7 @@ TRITON_MAX_SPLITS = 64
 SM90_MAX_SPLITS = 128
 
 # The persistent schedule's cost of cutting a row block between CTAs, in units: the kernel's
-# plan, the combine and the Python oracle all compare with it.
+# plan and the Python oracle both compare with it.
 CUT_COST_UNITS = 8
 PARTIAL_SLOTS_PER_CTA = 2  # a persistent CTA's first and last segment
 # Equal shares go lane by lane (row block j of every request, then j + 1; persistent_schedule.py)
@@ -34,9 +34,12 @@ LANE_SHARES_MAX_BATCH = 256
 LANE_SHARES_MIN_USE = 7
 
 # The schedule plan (int64), made by the preparation from the sanitized batch and read by the
-# sm90 kernels and their combines: PLAN_HEADER entries, PLAN_FIELDS arrays of one entry per row
-# block (`plan_capacity` entries each), then PIECE_FIELDS arrays of one entry per piece of the
-# split kernel (`piece_capacity` entries each; cutlass_kernels/verify_plan.cuh).
+# sm90 kernels: PLAN_HEADER entries, PLAN_FIELDS arrays of one entry per row block
+# (`plan_capacity` entries each), PIECE_FIELDS arrays of one entry per piece of the split kernel
+# (`piece_capacity` entries each; cutlass_kernels/verify_plan.cuh), then the partials of each row
+# block that the running persistent kernel has written (`plan_capacity` entries from
+# `plan_partials_written_offset`; 0 between launches: the CTA that writes a row block's last one
+# merges them and sets it back, cutlass_kernels/sm90/merge.cuh).
 PLAN_HEADER = 8
 PLAN_FIELDS = 4
 PIECE_FIELDS = 3
@@ -79,9 +82,12 @@ def piece_capacity(num_tokens, heads, batch):
     return plan_capacity(num_tokens, heads, batch) + MAX_PIECE_BUDGET
 
 
+def plan_partials_written_offset(num_tokens, heads, batch):
+    return PLAN_HEADER + PLAN_FIELDS * plan_capacity(num_tokens, heads, batch) + PIECE_FIELDS * piece_capacity(num_tokens, heads, batch)
+
+
 def plan_numel(num_tokens, heads, batch):
-    return (PLAN_HEADER + PLAN_FIELDS * plan_capacity(num_tokens, heads, batch)
-            + PIECE_FIELDS * piece_capacity(num_tokens, heads, batch))
+    return plan_partials_written_offset(num_tokens, heads, batch) + plan_capacity(num_tokens, heads, batch)
 
 
 def split_grid(num_tokens, heads, batch, splits):

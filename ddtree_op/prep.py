@@ -344,7 +344,7 @@ def verify_plan(qo_indptr: torch.Tensor, verify_indptr: torch.Tensor, num_rows: 
     fields[PLAN_UNITS] = torch.where(live, units[field_request], 0)
     piece_fields = [None] * PIECE_FIELDS
     piece_fields[PIECE_ROW], piece_fields[PIECE_UNITS], piece_fields[PIECE_SLOT] = piece_row, piece_units, piece_slot
-    return torch.cat([header] + fields + piece_fields)
+    return torch.cat([header] + fields + piece_fields + [torch.zeros_like(first_item)])  # + the partials written
 
 
 def _write_status(status, faults: dict, values: dict, publish: bool = True) -> None:

@@ -13,10 +13,7 @@ from ddtree_op import ops  # noqa: E402
 from ddtree_op.api import mask_words_per_row  # noqa: E402
 from ddtree_op.synthetic import make_verify_batch  # noqa: E402
 from ddtree_op.backends.lse_merge import combine_splits  # noqa: E402
-from ddtree_op.backends.sm90.persistent_combine import combine_persistent  # noqa: E402
-from ddtree_op.backends.sm90.persistent_schedule import plan  # noqa: E402
 from ddtree_op.backends.triton.attention import tree_attention_triton  # noqa: E402
-from ddtree_op.prep import verify_plan  # noqa: E402
 
 # (prefix lengths, draft lengths, heads, splits, dv_parts)
 CASES = [([5, 0, 70], [3, 4, 0], 4, 1, 1), ([40, 3, 9], [3, 4, 5], 2, 3, 1), ([0, 1], [2, 1], 16, 2, 2), ([33], [9], 3, 1, 2),
@@ -64,44 +61,5 @@ ok = (torch.allclose(out[:3], want_out, atol=1e-5) and torch.allclose(lse[:3], t
       and torch.isnan(out[3]).all())
 failures += not ok
 print(f"combine of an eager slot and late slots: {'ok' if ok else 'FAIL'}")
-# The persistent kernel's combine, with equal shares and with pieces of 3 splits: partials where
-# the reference plan puts them, NaN in every other slot; rows of row blocks written whole (by the
-# kernel itself) stay untouched. The combine finds them in the preparation's plan (its CPU twin).
-heads = 16
-for qo, kv, ctas, splits, want_equal in [([0, 4, 8, 9], [0, 5117, 8953, 9053], 5, 1, True),  # 40, 30, 1 units
-                                         ([0, 4, 12, 13], [0, 304, 1312, 1363], 7, 3, False),  # 3, 8, 1 units
-                                         ([0, 0, 4, 12, 13], [0, 700, 6000, 9000, 9100], 3, 1, True),  # no drafts, 42, 24, 1
-                                         ([0, 20, 40, 60], [0, 3020, 3740, 12760], 10, 1, True)]:  # lane by lane: 5 row blocks each
-    equal, segments = plan(qo, kv, heads, ctas, splits)
-    part_out = torch.full((2 * ctas, 64, 512), float("nan"))
-    part_lse = torch.full((2 * ctas, 64), float("nan"))
-    pieces = {}
-    for cta_segments in segments:
-        for seg in cta_segments:
-            if seg.slot is not None:
-                part_out[seg.slot] = torch.randn(64, 512, generator=gen)
-                part_lse[seg.slot] = torch.randn(64, generator=gen)
-                pieces.setdefault((seg.request, seg.block), []).append(seg.slot)
-    empty_slot = max(pieces.values(), key=len)[1]
-    part_lse[empty_slot], part_out[empty_slot] = float("-inf"), float("nan")  # a piece that saw no key
-    out = torch.full((qo[-1] + 1, heads, 512), float("nan"))
-    lse = torch.full((qo[-1] + 1, heads), float("nan"))
-    schedule_plan = verify_plan(torch.tensor(qo), torch.tensor(kv, dtype=torch.int32), out.shape[0], heads, ctas, splits)
-    combine_persistent(part_out, part_lse, torch.tensor(qo), schedule_plan, out, lse, ctas, splits)
-    ok = equal == want_equal and len(pieces) >= 2
-    touched = torch.zeros(out.shape[0] * heads, dtype=torch.bool)
-    for (b, j), slots in pieces.items():
-        rows = torch.arange(qo[b] * heads + 64 * j, min(qo[b + 1] * heads, qo[b] * heads + 64 * (j + 1)))
-        local = rows - rows[0]
-        live = [s for s in slots if s != empty_slot]
-        weight = torch.softmax(part_lse[live][:, local], dim=0)
-        want = (weight[:, :, None] * part_out[live][:, local]).sum(0)
-        ok &= torch.allclose(out.reshape(-1, 512)[rows], want, atol=1e-5)
-        ok &= torch.allclose(lse.reshape(-1)[rows], torch.logsumexp(part_lse[live][:, local], 0), atol=1e-5)
-        touched[rows] = True
-    ok &= bool(torch.isnan(out.reshape(-1, 512)[~touched]).all() and torch.isnan(lse.reshape(-1)[~touched]).all())
-    failures += not ok
-    print(f"persistent combine ({'equal shares' if equal else f'pieces of {splits} splits'}), {len(pieces)} row blocks "
-          f"merged (one piece empty), other rows untouched: {'ok' if ok else 'FAIL'}")
 print("interpreter: all cases match" if failures == 0 else f"interpreter: {failures} cases FAILED")
 sys.exit(1 if failures else 0)

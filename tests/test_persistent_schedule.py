@@ -1,5 +1,5 @@
-"""The persistent kernel's schedule (pure Python, the reference of the kernel's and the combine's
-device formulas), checked on the CPU."""
+"""The persistent kernel's schedule (pure Python, the reference of the kernel's device formulas),
+checked on the CPU."""
 
 import random
 
@@ -179,7 +179,7 @@ def test_gpu_tests_cover_both_plans_and_both_kinds_of_partials():
 
 
 # The plan the preparation makes (prep.verify_plan, the CPU twin of cutlass_kernels/verify_plan.cuh),
-# read as the kernels and the combine read it, gives the segments and slots of the Python schedule.
+# read as the kernels read it, gives the segments and slots of the Python schedule.
 
 
 def read_plan(plan, capacity):
@@ -228,22 +228,21 @@ def segments_of_plan(plan, capacity, ctas, splits):
 
 
 def slots_of_plan(plan, capacity, ctas, splits, qo, heads):
-    """(request, block) -> partial slots, as the persistent combine's programs find them from the plan."""
+    """(request, block) -> partial slots of each cut row block, as the kernel's merge finds them
+    from the plan (tile_scheduler.cuh's partial_slots)."""
     header, field = read_plan(plan, capacity)
     row_blocks, total, used = header[contract.PLAN_ROW_BLOCKS], header[contract.PLAN_ITEMS], header[contract.PLAN_USED]
     equal = bool(header[contract.PLAN_EQUAL_SHARES])
     found = {}
-    for k in range(ctas):
-        if equal and 0 < k < used:
-            x = k * total // used
-            r = sum(field(contract.PLAN_FIRST_ITEM, i) <= x for i in range(row_blocks)) - 1
-            first, units = field(contract.PLAN_FIRST_ITEM, r), field(contract.PLAN_UNITS, r)
-            i0, i1 = ((first + 1) * used - 1) // total, ((first + units) * used - 1) // total
-            if first != x and k == i0 + 1:
-                slots = [2 * i0 + (0 if i0 * total // used == first else 1)] + [2 * i for i in range(i0 + 1, i1 + 1)]
-                found[(field(contract.PLAN_REQUEST, r), field(contract.PLAN_BLOCK, r))] = slots
-        elif not equal and splits > 1 and k < row_blocks:
-            found[(field(contract.PLAN_REQUEST, k), field(contract.PLAN_BLOCK, k))] = list(range(k * splits, (k + 1) * splits))
+    for r in range(row_blocks):
+        key = (field(contract.PLAN_REQUEST, r), field(contract.PLAN_BLOCK, r))
+        if equal:
+            start, units = field(contract.PLAN_FIRST_ITEM, r), field(contract.PLAN_UNITS, r)
+            first, last = ((start + 1) * used - 1) // total, ((start + units) * used - 1) // total
+            if units and first != last:
+                found[key] = [2 * first + (0 if first * total // used == start else 1)] + [2 * i for i in range(first + 1, last + 1)]
+        elif splits > 1:
+            found[key] = list(range(r * splits, (r + 1) * splits))
     return found
 
 

@@ -14,6 +14,7 @@ struct Segment {
   int unit_begin, unit_end;    // its units [unit_begin, unit_end); empty for an empty split
   int slot;                    // partial slot, or -1: out/lse directly
   int pieces;                  // split kernel: pieces of the row block, whose partials are [slot, row]
+  int row_block;               // persistent kernel: the plan's row block entry
 };
 
 // The split kernel's CTA `cta`: its piece, or false where it has none (past the plan's pieces, or
@@ -42,15 +43,18 @@ struct CtaPlan {
   bool defer_first;  // the first segment is cut at its start and goes last
   int row_blocks, first;
   int64_t begin, end;
+  int64_t items, used;  // all items, and the CTAs that share them
 };
 
 __device__ __forceinline__ CtaPlan read_cta_plan(const PlanView& plan, int heads, int ctas, int splits, int cta) {
-  CtaPlan c{plan, ctas, splits, false, false, 0, -1, 0, 0};
+  CtaPlan c{plan, ctas, splits, false, false, 0, -1, 0, 0, 0, 0};
   if (plan.header(kPlanHeads) != heads || plan.header(kPlanCtas) != ctas || plan.header(kPlanSplits) != splits) return c;
   c.row_blocks = static_cast<int>(plan.header(kPlanRowBlocks));
   c.equal_shares = plan.header(kPlanEqualShares) != 0;
   const int64_t used = plan.header(kPlanUsed), total = plan.header(kPlanItems);
   if (!c.equal_shares || cta >= used) return c;
+  c.items = total;
+  c.used = used;
   c.begin = cta * total / used;
   c.end = (cta + 1) * total / used;
   int lo = 0, hi = c.row_blocks;  // the last row block whose first item is <= begin
@@ -83,6 +87,7 @@ __device__ __forceinline__ bool plan_segment(const CtaPlan& c, int cta, int k, S
     seg.unit_begin = min(units, (piece - r * splits) * chunk);
     seg.unit_end = min(units, seg.unit_begin + chunk);
     seg.slot = splits > 1 ? piece : -1;
+    seg.row_block = r;
     return true;
   }
   if (c.first < 0) return false;
@@ -103,7 +108,26 @@ __device__ __forceinline__ bool plan_segment(const CtaPlan& c, int cta, int k, S
   seg.unit_begin = static_cast<int>(lo - start);
   seg.unit_end = static_cast<int>(hi - start);
   seg.slot = lo == start && hi == start + units ? -1 : 2 * cta + (lo == c.begin ? 0 : 1);
+  seg.row_block = r;
   return true;
+}
+
+// The partial slots of a cut row block, in unit order: slot(k) for its pieces k < count. With
+// equal shares CTAs first .. first + count - 1 hold its items, each of them one piece
+// (persistent_schedule.py's slots_of_row_block); with pieces, piece r * splits + k wrote slot
+// r * splits + k.
+struct PartialSlots {
+  int first, base, step, count;
+  __device__ __forceinline__ int slot(int k) const { return k == 0 ? first : base + step * k; }
+};
+
+__device__ __forceinline__ PartialSlots partial_slots(const CtaPlan& c, const Segment& seg) {
+  const int r = seg.row_block;
+  if (!c.equal_shares) return {r * c.splits, r * c.splits, 1, c.splits};
+  const int64_t start = c.plan.field(kPlanFirstItem, r), units = c.plan.field(kPlanUnits, r);
+  auto cta_of = [&](int64_t item) { return static_cast<int>(((item + 1) * c.used - 1) / c.items); };  // whose share holds it
+  const int first = cta_of(start), last = cta_of(start + units - 1);
+  return {2 * first + (first * c.items / c.used == start ? 0 : 1), 2 * first, 2, last - first + 1};
 }
 
 }  // namespace ddtree::sm90

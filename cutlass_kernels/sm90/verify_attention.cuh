@@ -10,7 +10,8 @@
 //   piece writes out/lse; piece k of several writes fp32 partials [k, row] that a combine merges
 //   by LSE.
 // - persistent (kPersistent = true): grid (CTAs), each walking a list of segments (a row block and
-//   a range of its keys).
+//   a range of its keys). A row block cut into pieces writes fp32 partials [slot, 64 rows], and
+//   the CTA that writes its last one merges them (merge.cuh).
 // Which request a row block belongs to, and each CTA's segments, come from the plan that the
 // preparation made once for the batch (tile_scheduler.cuh).
 // Launched as a dependent of the kernel before it (../grid_dependency.cuh): the barriers are set
@@ -32,6 +33,7 @@
 #include "epilogue.cuh"
 #include "gather.cuh"
 #include "mainloop.cuh"
+#include "merge.cuh"
 #include "tile_scheduler.cuh"
 #include "traits.cuh"
 #include "verify_launch.cuh"
@@ -134,7 +136,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   }
   if (p.kv_boxes && threadIdx.x == Traits::kGatherWarpgroup * 128) cute::prefetch_tma_descriptor(&p.kv_map);
   wait_for_prior_grids();
-  allow_dependent_grids();  // the combine may launch; it waits for this grid before reading
+  allow_dependent_grids();  // the split kernel's combine may launch; it waits for this grid before reading
 
   Element* const out = static_cast<Element*>(p.out);
   // Padding rows (t >= qo_indptr[B]): out 0, lse -inf; 4 GEMM threads zero one row's 512 columns.
@@ -299,16 +301,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
         else g.part_lse_rows[row - g.row0] = lse_row[j];
       }
     }
+    auto out_row = [&](int r) {
+      const int row = g.row0 + r;
+      return out + (g.q_lo + row / p.heads) * p.out_stride_token + (row % p.heads) * p.out_stride_head;
+    };
     if (g.part_rows != nullptr) {
       store_tile_through_smem<float, kRows, kLatent, kMmaThreads>(
           smem, acc_o, coord_o, my_row, warpgroup * kHalf, inv_sum, valid_rows, tid,
           [&](int r) { return g.part_rows + int64_t(r) * kLatent; });
-    } else {
-      store_tile_through_smem<Element, kRows, kLatent, kMmaThreads>(
-          smem, acc_o, coord_o, my_row, warpgroup * kHalf, inv_sum, valid_rows, tid, [&](int r) {
+      if constexpr (kPersistent) {  // the CTA that writes a row block's last partial merges them (merge.cuh)
+        const PartialSlots slots = partial_slots(s_cta_plan, seg);
+        if (wrote_last_partial<kMmaThreads>(schedule.partials_written(seg.row_block), slots.count, tid)) {
+          merge_partials<Element, kRows, kLatent, kMmaThreads>(p.part_out, p.part_lse, slots, valid_rows, tid, out_row, [&](int r) {
             const int row = g.row0 + r;
-            return out + (g.q_lo + row / p.heads) * p.out_stride_token + (row % p.heads) * p.out_stride_head;
+            return p.lse + (g.q_lo + row / p.heads) * p.lse_stride_token + (row % p.heads) * p.lse_stride_head;
           });
+        }
+      }
+    } else {
+      store_tile_through_smem<Element, kRows, kLatent, kMmaThreads>(smem, acc_o, coord_o, my_row, warpgroup * kHalf, inv_sum,
+                                                                     valid_rows, tid, out_row);
     }
     pairs_done += num_pairs;
     if constexpr (!kPersistent) {

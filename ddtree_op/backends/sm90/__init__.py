@@ -1,12 +1,12 @@
 """The sm90 backend: the host side of the sm_90a CuTe/wgmma kernel (cutlass_kernels/sm90/).
 
-- attention.py: the launch (split or persistent kernel, partial buffers, combine);
+- attention.py: the launch (split or persistent kernel, partial buffers, the split kernel's combine);
 - schedule.py: how many key splits per row block and CTAs, from shapes (what the preparation makes
   the schedule plan for);
 - persistent_schedule.py: the schedule in Python (the test oracle of the plan that the
-  preparation makes on the device) and the shape-only choice of the persistent kernel;
-- persistent_combine.py: the Triton merge of the persistent kernel's partials.
-The split kernel's partials are merged by the shared combine (backends/lse_merge.py).
+  preparation makes on the device) and the shape-only choice of the persistent kernel.
+The split kernel's partials are merged by the shared combine (backends/lse_merge.py); the
+persistent kernel merges its own (cutlass_kernels/sm90/merge.cuh).
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ Same contract as the Triton fallback: packed (draft, head) rows, combined indice
 shape-only grids, LSE combine of partials in Triton. Two kernels, chosen from shapes: "split"
 (a CTA per piece: a row block and a range of its keys, long requests in more pieces;
 schedule.py) and "persistent" (one CTA per SM walking its segments: pieces of equal splits, or
-equal shares of all the work when requests are unequal; persistent_schedule.py). Both read the
-schedule plan that the preparation made on the device for the CTAs and splits of plan_shape
-(cutlass_kernels/verify_plan.cuh), and so do their combines; a call without one, or for another
-schedule, makes its own in one launch.
+equal shares of all the work when requests are unequal; persistent_schedule.py; it merges its
+partials itself). Both read the schedule plan that the preparation made on the device for the
+CTAs and splits of plan_shape (cutlass_kernels/verify_plan.cuh); a call without one, or for
+another schedule, makes its own in one launch.
 """
 
 from __future__ import annotations
@@ -53,15 +53,13 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
     if plan is None or (ctas, num_splits) != (planned_ctas, planned_splits):
         plan = make_plan(qo_indptr, verify_indptr, num_tokens, heads, ctas, num_splits)
     if schedule == "persistent":
-        from .persistent_combine import combine_persistent
-
-        # Two partial slots per CTA (its first and last segment): 2 * 132 * 128 KB on an H200.
+        # Two partial slots per CTA (its first and last segment): 2 * 132 * 128 KB on an H200. The
+        # kernel merges them itself (the CTA that writes a row block's last one).
         slots = PARTIAL_SLOTS_PER_CTA * ctas
         part_out = torch.empty((slots, ROWS_PER_BLOCK, LATENT_DIM), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((slots, ROWS_PER_BLOCK), dtype=torch.float32, device=q.device)
         torch.ops.ddtree_sm90.tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale,
                                              out, lse, part_out, part_lse, num_splits, ctas, plan, status)
-        combine_persistent(part_out, part_lse, qo_indptr, plan, out, lse, ctas, num_splits)
         return
     if num_splits > 1:  # partials [slot, row]: a row block has up to PIECE_SLOTS_PER_SPLIT * splits pieces
         slots = PIECE_SLOTS_PER_SPLIT * num_splits

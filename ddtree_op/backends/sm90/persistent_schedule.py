@@ -1,7 +1,7 @@
 """The sm_90a kernel's persistent schedule: which CTA attends to which keys of which row block,
 and where partials go. The preparation writes it on the device as a plan (cutlass_kernels/
 verify_plan.cuh; its CPU twin prep.verify_plan) that the kernel (cutlass_kernels/sm90/
-tile_scheduler.cuh) and the combine (persistent_combine.py) read; this is their reference in
+tile_scheduler.cuh, merge.cuh) reads; this is its reference in
 Python (tests/test_persistent_schedule.py), and the host's shape-only choice of the kernel.
 
 A row block has `units` of work, a unit being 128 keys (a pair of 64-key tiles). With G CTAs and
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from ...contract import CUT_COST_UNITS, LANE_SHARES_MAX_BATCH, LANE_SHARES_MIN_USE, ROWS_PER_BLOCK, UNIT_KEYS
 
 # CUT_COST_UNITS: what an equal share pays over its units, in units: its cut row blocks' second
-# prologue and fp32 epilogue, the combine, and cache misses of CTAs that are no longer in step
+# prologue and fp32 epilogue, the merge, and cache misses of CTAs that are no longer in step
 # (measured: docs/kernel-log.md, v8).
 # The persistent kernel is used where the split schedule has one CTA per row block (splits = 1),
 # in one or two waves: there the longest request sets the time. With more waves the hardware's
@@ -132,8 +132,8 @@ def plan(qo_indptr: list[int], verify_indptr: list[int], heads: int, ctas: int, 
 
 def slots_of_row_block(qo_indptr: list[int], verify_indptr: list[int], heads: int, ctas: int, splits: int,
                        request: int, block: int) -> list[int]:
-    """The partial slots of one row block in unit order, as the combine finds them from
-    formulas; [] when one CTA wrote the whole row block."""
+    """The partial slots of one row block in unit order, as the kernel's merge finds them from
+    formulas (tile_scheduler.cuh's partial_slots); [] when one CTA wrote the whole row block."""
     work = work_of_requests(qo_indptr, verify_indptr, heads)
     if not choose_equal_shares(work, ctas, splits):
         index = sum(row_blocks for row_blocks, _ in work[:request]) + block
