@@ -238,6 +238,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     const int my_row = (wg_thread / 32) * 16 + (wg_thread % 32) / 4;
     if (num_pairs > 0 && warpgroup == 0 && wg_thread % 4 == 0) st.row_max[my_row] = st.row_max[my_row + 8] = -INFINITY;
     __syncthreads();  // with the gather's: the row maxima are set before either warpgroup reads them
+    const WaitClock clock = wait_clock(st, warpgroup, wg_thread);
+    const long long segment_start = clock.now();
     if (num_pairs > 0) {
       const int q_row = g.row0 + tid / 4;
       const bool q_valid = q_row < g.num_rows;
@@ -266,12 +268,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     clear(acc_o);
     Tensor coord_o = mma_pv.get_slice(wg_thread).partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kHalf>>{}));
     float row_sum[2] = {0.f, 0.f};
+    clock.add(kPrologue, segment_start);
     if (warpgroup == 0) {
       run_pairs<Traits, 0>(keys, smem_q, smem_k, st, pairs_done, wg_thread, acc_o, row_sum);
     } else {
       run_pairs<Traits, 1>(keys, smem_q, smem_k, st, pairs_done, wg_thread, acc_o, row_sum);
     }
 
+    const long long epilogue_start = clock.now();
     // Both warpgroups' sums (each under the final row maximum) per row.
     using cutlass::arch::NamedBarrier;
     CUTE_UNROLL
@@ -322,6 +326,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       store_tile_through_smem<Element, kRows, kLatent, kMmaThreads>(smem, acc_o, coord_o, my_row, warpgroup * kHalf, inv_sum,
                                                                      valid_rows, tid, out_row);
     }
+    clock.add(kEpilogue, epilogue_start);
     pairs_done += num_pairs;
     if constexpr (!kPersistent) {
       break;

@@ -15,6 +15,8 @@ enum WaitSlot : int {
   kPvGemmWait,    // P V issued, waiting for it to retire
   kPairCycles,    // the whole pair loop
   kPairs,
+  kPrologue,      // GEMM warpgroups: a segment's start (after its barrier) to its pair loop: q copies and their wait
+  kEpilogue,      // GEMM warpgroups: the pair loop's end to the segment's output stored (and merged)
   kWaitSlots = 8,
 };
 constexpr int kWaitRoles = 3;  // GEMM warpgroups 0 and 1, the gather (the last)
@@ -36,9 +38,9 @@ struct WaitClock {
                slots[kPairs], slots[kPairCycles], slots[kLoadWait]);
       } else {
         printf("wait_clocks cta0 GEMM warpgroup %d: pairs %llu, pair loop %llu cycles; load %llu, S gemm %llu, partner %llu, "
-               "PV gemm %llu\n",
+               "PV gemm %llu; segments' prologues %llu, epilogues %llu\n",
                role, slots[kPairs], slots[kPairCycles], slots[kLoadWait], slots[kSGemmWait], slots[kPartnerWait],
-               slots[kPvGemmWait]);
+               slots[kPvGemmWait], slots[kPrologue], slots[kEpilogue]);
       }
     }
   }
