@@ -69,7 +69,7 @@ struct PlanView {
   __device__ __forceinline__ int64_t piece(int f, int64_t p) const {
     return data[kPlanHeader + kPlanFields * capacity + f * piece_capacity(capacity) + p];
   }
-  // The one field a kernel writes (sm90/merge.cuh), back at 0 when the kernel ends.
+  // The one array a kernel writes (sm90/merge.cuh): row block r's count, back at 0 when the kernel ends.
   __device__ __forceinline__ unsigned long long* partials_written(int64_t row_block) const {
     return reinterpret_cast<unsigned long long*>(const_cast<int64_t*>(data) + plan_partials_written_offset(capacity) + row_block);
   }

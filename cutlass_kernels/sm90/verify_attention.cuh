@@ -293,22 +293,26 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       lse_row[j] = total > 0.f ? (st.row_max[my_row + 8 * j] + log2f(total)) * 0.6931471805599453f : -INFINITY;
     }
 
+    // Row r of the block in out and lse (the merge writes them too).
+    auto out_row = [&](int r) {
+      const int row = g.row0 + r;
+      return out + (g.q_lo + row / p.heads) * p.out_stride_token + (row % p.heads) * p.out_stride_head;
+    };
+    auto lse_at = [&](int r) {
+      const int row = g.row0 + r;
+      return p.lse + (g.q_lo + row / p.heads) * p.lse_stride_token + (row % p.heads) * p.lse_stride_head;
+    };
     // lse from warpgroup 0's quad leaders, the tile through shared memory.
     const int valid_rows = min(kRows, g.num_rows - g.row0);  // only a request's last row block is short
     if (warpgroup == 0 && wg_thread % 4 == 0) {
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) {
-        const int row = g.row0 + my_row + 8 * j;
-        if (row >= g.num_rows) continue;
-        const int64_t t = g.q_lo + row / p.heads, h = row % p.heads;
-        if (g.part_lse_rows == nullptr) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = lse_row[j];
-        else g.part_lse_rows[row - g.row0] = lse_row[j];
+        const int r = my_row + 8 * j;
+        if (r >= valid_rows) continue;
+        if (g.part_lse_rows == nullptr) *lse_at(r) = lse_row[j];
+        else g.part_lse_rows[r] = lse_row[j];
       }
     }
-    auto out_row = [&](int r) {
-      const int row = g.row0 + r;
-      return out + (g.q_lo + row / p.heads) * p.out_stride_token + (row % p.heads) * p.out_stride_head;
-    };
     if (g.part_rows != nullptr) {
       store_tile_through_smem<float, kRows, kLatent, kMmaThreads>(
           smem, acc_o, coord_o, my_row, warpgroup * kHalf, inv_sum, valid_rows, tid,
@@ -316,10 +320,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       if constexpr (kPersistent) {  // the CTA that writes a row block's last partial merges them (merge.cuh)
         const PartialSlots slots = partial_slots(s_cta_plan, seg);
         if (wrote_last_partial<kMmaThreads>(schedule.partials_written(seg.row_block), slots.count, tid)) {
-          merge_partials<Element, kRows, kLatent, kMmaThreads>(p.part_out, p.part_lse, slots, valid_rows, tid, out_row, [&](int r) {
-            const int row = g.row0 + r;
-            return p.lse + (g.q_lo + row / p.heads) * p.lse_stride_token + (row % p.heads) * p.lse_stride_head;
-          });
+          merge_partials<Element, kRows, kLatent, kMmaThreads>(p.part_out, p.part_lse, slots, valid_rows, tid, out_row, lse_at);
         }
       }
     } else {
