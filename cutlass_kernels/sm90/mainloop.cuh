@@ -3,18 +3,19 @@
 //
 // Warpgroup w computes S for the tile in stage w (over 576 columns, chunk by chunk as the chunks
 // land) and owns output columns [256 w, 256 w + 256). Per pair (the seesaw, softmax.cuh):
-//   wg 0: S0; raise max (scale0) -> [scale0 ready]; P0 into stage 0's rope chunk -> [P0 ready];
-//         O_L *= scale0; O_L += P0 V0_L; release stage 0 chunks 0-3; wait [scale1 ready];
-//         O_L *= scale1; wait [P1 ready]; O_L += P1 V1_L; release stage 1 chunks 0-3 and 8.
-//   wg 1: S1; wait [scale0 ready]; raise max (scale1) -> [scale1 ready]; P1 into stage 1's rope
-//         chunk -> [P1 ready]; O_R *= scale0; wait [P0 ready]; O_R += P0 V0_R; O_R *= scale1
-//         (only where a maximum moved: it waits for that GEMM); O_R += P1 V1_R; release stage 0
-//         chunks 4-8, then stage 1 chunks 4-7.
+//   wg 0: S0; raise max (scale0) -> [scale0 ready]; P0 into stage 0's rope chunk; O_L *= scale0;
+//         O_L += P0 V0_L; wait [scale1 ready]; P0 *= scale1 in shared memory where a row's
+//         maximum moved -> [P0 ready]; release stage 0 chunks 0-3; O_L *= scale1;
+//         wait [P1 ready]; O_L += P1 V1_L; release stage 1 chunks 0-3.
+//   wg 1: S1 (chunks 4-8 first); wait [scale0 ready]; raise max (scale1) -> [scale1 ready]; P1
+//         into its own tile -> [P1 ready]; O_R *= scale0 scale1; O_R += P1 V1_R; wait [P0 ready];
+//         O_R += P0 V0_R; release stage 1 chunks 4-8 (as P1 V1_R retires), then stage 0 chunks 4-8.
+// So each stage's first half is refilled while the pair runs and only its second half at the
+// pair's end, and each next S starts on the half that came first (gather.cuh loads in that order).
 // P is stored from the registers the P V GEMM reads before that GEMM is issued: reading them
 // while it is in flight makes ptxas serialise its wgmma instructions (warning C7519).
-// Each part of a stage is released to the gather warpgroup by the warpgroup whose GEMM reads it
-// last, as soon as that GEMM is done; the rope chunk holds P once its S is done. The four named barriers are each crossed once per pair, and each warpgroup's next
-// arrival on one depends on the other's wait on it, so none is overtaken.
+// The four named barriers are each crossed once per pair, and each warpgroup's next arrival on
+// one depends on the other's wait on it, so none is overtaken.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -22,6 +23,7 @@
 
 #include "gather.cuh"  // read_key_slots
 #include "mask_policy.cuh"
+#include "numeric.cuh"  // unpack_pair, pack_pair
 #include "softmax.cuh"
 #include "traits.cuh"
 #include "wait_clocks.cuh"
@@ -84,15 +86,15 @@ __device__ __forceinline__ void qk_gemm(TiledMma& mma, FragQ const& frag_q, Frag
 }
 
 // P (value 4 b + 2 j (+1): row my_row + 8 j, columns 8 b + 2 quad_lane (+1)) into
-// a stage's rope chunk. That is the register layout of an 8 x 8 stmatrix fragment (lane t: row
+// a P tile (Traits::SmemLayoutP). That is the register layout of an 8 x 8 stmatrix fragment (lane t: row
 // t / 4, columns 2 (t % 4) and + 1) for the block (rows 8 j, columns 8 b) of this warp's 16 rows,
 // so four stmatrix.x4 store a warp's 16 blocks; lane t gives the address of row t % 8 of block
 // t / 8 of each x4 (j = (t / 8) % 2, the column block b + t / 16). Values i and i + 1 (i even)
 // are the 32-bit word i / 2 of the compact fragment (softmax.cuh, exponentiate).
 template <class Traits, class Probs>
-__device__ __forceinline__ void store_probs(typename Traits::Element* stage, Probs const& probs, int wg_thread) {
+__device__ __forceinline__ void store_probs(typename Traits::Element* p_tile, Probs const& probs, int wg_thread) {
   const uint32_t* const words = reinterpret_cast<const uint32_t*>(probs.data());
-  const uint32_t base = cute::cast_smem_ptr_to_uint(stage + Traits::kRopeOffset);
+  const uint32_t base = cute::cast_smem_ptr_to_uint(p_tile);
   const int lane = wg_thread % 32;
   const int row = 16 * (wg_thread / 32) + 8 * ((lane / 8) % 2) + lane % 8;
   CUTE_UNROLL
@@ -106,6 +108,32 @@ __device__ __forceinline__ void store_probs(typename Traits::Element* stage, Pro
                  : "memory");
   }
   cutlass::arch::fence_view_async_shared();  // P stores (generic proxy) -> the other's wgmma
+}
+
+// This warp's 16 rows of a P tile times each row's factor (the warp's lanes take the rows' 128
+// 16-byte pieces four each; the warp stored those rows with store_probs).
+template <class Traits>
+__device__ __forceinline__ void scale_prob_rows(typename Traits::Element* p_tile, const float* row_factor, int wg_thread) {
+  using Element = typename Traits::Element;
+  constexpr int kPiecesPerRow = Traits::kKeys * int(sizeof(Element)) / 16;
+  __syncwarp();  // the warp's stmatrix stores before its lanes read each other's pieces
+  CUTE_UNROLL
+  for (int k = 0; k < 16 * kPiecesPerRow / 32; ++k) {
+    const int piece = wg_thread % 32 + 32 * k;
+    const int row = 16 * (wg_thread / 32) + piece / kPiecesPerRow;
+    const float factor = row_factor[row];
+    uint4* const at = reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(p_tile) +
+                                               p_tile_byte_offset(row, (piece % kPiecesPerRow) * 8));
+    uint4 v = *at;
+    uint32_t* const words = reinterpret_cast<uint32_t*>(&v);
+    CUTE_UNROLL
+    for (int w = 0; w < 4; ++w) {
+      const float2 pair = unpack_pair<Element>(words[w]);
+      words[w] = pack_pair<Element>(pair.x * factor, pair.y * factor);
+    }
+    *at = v;
+  }
+  cutlass::arch::fence_view_async_shared();  // the rescaled P (generic proxy) -> the other's wgmma
 }
 
 // What the GEMM warpgroups need of a segment: its key range and which keys each row sees.
@@ -147,8 +175,12 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
   };
   Tensor frag_v_mine = thr_pv.partition_fragment_B(v_half(my_stage));
   Tensor frag_v_other = thr_pv_shared.partition_fragment_B(v_half(kWarpgroup == 0 ? stage1 : stage0));
-  Tensor frag_p_other = thr_pv_shared.partition_fragment_A(make_tensor(
-      make_smem_ptr((kWarpgroup == 0 ? stage1 : stage0) + Traits::kRopeOffset), typename Traits::SmemLayoutP{}));
+  // P0 in stage 0's rope chunk, P1 in its own tile (traits.cuh).
+  Element* const p0_tile = stage0 + Traits::kRopeOffset;
+  static_assert(Traits::kP1Offset == Traits::kSmemQ + 2 * Traits::kSmemK, "P1's tile follows the two stages");
+  Element* const p1_tile = smem_k + 2 * kStageElems;
+  Tensor frag_p_other = thr_pv_shared.partition_fragment_A(
+      make_tensor(make_smem_ptr(kWarpgroup == 0 ? p1_tile : p0_tile), typename Traits::SmemLayoutP{}));
 
   Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<Traits::kRows>, Int<kKeys>>{});
   Tensor probs = make_tensor<Element>(acc_s.layout());
@@ -179,7 +211,7 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
     if constexpr (kWarpgroup == 0) {
       qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[0], phase, acc_s, ChunkGroup<0, 1, 2, 3>{}, ChunkGroup<4, 5, 6, 7, 8>{}, clock);
     } else {
-      qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[1], phase, acc_s, ChunkGroup<0, 1, 2, 3, 8>{}, ChunkGroup<4, 5, 6, 7>{}, clock);
+      qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[1], phase, acc_s, ChunkGroup<4, 5, 6, 7, 8>{}, ChunkGroup<0, 1, 2, 3>{}, clock);
     }
 
     float tile_max[2], part_sum[2], safe_max[2], factor[2];
@@ -204,24 +236,26 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
       }
       NamedBarrier::arrive(kThreads, kScale0Ready);
       exponentiate(acc_s, probs, safe_max, part_sum);
-      // P0 under m0 for warpgroup 1 (which brings O_R to m0 first), stored before P0 V0_L so
-      // nothing reads P's registers while the GEMM that reads them is in flight.
-      store_probs<Traits>(stage0, probs, wg_thread);
-      NamedBarrier::arrive(kThreads, kP0Ready);
+      // P0 stored before P0 V0_L, so nothing reads P's registers while the GEMM that reads them
+      // is in flight; under m0 until scale1 is known.
+      store_probs<Traits>(p0_tile, probs, wg_thread);
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) row_sum[j] = row_sum[j] * factor[j] + part_sum[j];
       rescale_rows(acc_o, factor);
       issue_warpgroup_gemm(mma_pv, frag_p, frag_v_mine, acc_o);
-      wait_pv(Int<0>{});
-      warpgroup_fence_operand(frag_p);
-      warpgroup_fence_operand(acc_o);
-      Barrier::arrive(&st.chunk_empty[State::kStage0Low]);
       sync_partner(kScale1Ready);
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) {
         factor[j] = st.scale1[my_row + 8 * j];
         row_sum[j] *= factor[j];
       }
+      // Warpgroup 1 takes P0 under m1 (after its P1 V1_R): rare once the maxima settle (softmax.cuh).
+      if (__any_sync(0xffffffff, factor[0] != 1.f || factor[1] != 1.f)) scale_prob_rows<Traits>(p0_tile, st.scale1, wg_thread);
+      NamedBarrier::arrive(kThreads, kP0Ready);
+      wait_pv(Int<0>{});
+      warpgroup_fence_operand(frag_p);
+      warpgroup_fence_operand(acc_o);
+      Barrier::arrive(&st.chunk_empty[State::kStage0Low]);
       rescale_rows(acc_o, factor);
       sync_partner(kP1Ready);
       issue_warpgroup_gemm(mma_pv_shared, frag_p_other, frag_v_other, acc_o);
@@ -251,26 +285,25 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
       }
       NamedBarrier::arrive(kThreads, kScale1Ready);
       exponentiate(acc_s, probs, safe_max, part_sum);
-      store_probs<Traits>(stage1, probs, wg_thread);
+      store_probs<Traits>(p1_tile, probs, wg_thread);
       NamedBarrier::arrive(kThreads, kP1Ready);
-      // O_R to m0 for P0 V0_R (P0 is under m0), then to m1 for P1 V1_R.
+      // O_R to m1 at once: P1, and P0 as warpgroup 0 leaves it, are both under m1.
+      float to_m1[2];
       CUTE_UNROLL
-      for (int j = 0; j < 2; ++j) row_sum[j] = (row_sum[j] * scale0[j]) * factor[j] + part_sum[j];
-      rescale_rows(acc_o, scale0);
+      for (int j = 0; j < 2; ++j) {
+        to_m1[j] = scale0[j] * factor[j];
+        row_sum[j] = row_sum[j] * to_m1[j] + part_sum[j];
+      }
+      rescale_rows(acc_o, to_m1);
+      issue_warpgroup_gemm(mma_pv, frag_p, frag_v_mine, acc_o);
       sync_partner(kP0Ready);
       issue_warpgroup_gemm(mma_pv_shared, frag_p_other, frag_v_other, acc_o);
-      if (__any_sync(0xffffffff, factor[0] != 1.f || factor[1] != 1.f)) {
-        wait_pv(Int<0>{});
-        warpgroup_fence_operand(acc_o);
-        rescale_rows(acc_o, factor);
-      }
-      issue_warpgroup_gemm(mma_pv, frag_p, frag_v_mine, acc_o);
       wait_pv(Int<1>{});
-      Barrier::arrive(&st.chunk_empty[State::kStage0High]);
-      wait_pv(Int<0>{});
       warpgroup_fence_operand(frag_p);
-      warpgroup_fence_operand(acc_o);
       Barrier::arrive(&st.chunk_empty[State::kStage1High]);
+      wait_pv(Int<0>{});
+      warpgroup_fence_operand(acc_o);
+      Barrier::arrive(&st.chunk_empty[State::kStage0High]);
     }
     clock.add(kPairCycles, pair_start);
     clock.count(kPairs);

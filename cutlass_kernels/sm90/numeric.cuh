@@ -32,4 +32,15 @@ __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
   }
 }
 
+// The two floats of a pair packed by pack_pair.
+template <class Element>
+__device__ __forceinline__ float2 unpack_pair(uint32_t word) {
+  if constexpr (cute::is_same_v<Element, cutlass::bfloat16_t>) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&word));
+  } else {
+    static_assert(cute::is_same_v<Element, cutlass::half_t>, "bf16 or fp16");
+    return __half22float2(*reinterpret_cast<const __half2*>(&word));
+  }
+}
+
 }  // namespace ddtree::sm90

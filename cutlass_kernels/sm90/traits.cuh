@@ -52,8 +52,9 @@ struct VerifyTraits {
   using SmemLayoutV = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<Int<kLatent>, Keys>{},
                                              Step<_2, _1>{}));
 
-  // P (64 rows x 64 keys, bf16/fp16) in shared memory, K-major like Q. It is written into the
-  // 64-column rope block of a KV stage, which nothing reads after that stage's Q K^T.
+  // P (64 rows x 64 keys, bf16/fp16) in shared memory, K-major like Q. P0 is written into the
+  // 64-column rope block of stage 0, which nothing reads after S0; P1 has a tile of its own after
+  // the stages, so that stage 1's rope block can be refilled as soon as S1 is done.
   using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<Rows, Keys>{}));
   static constexpr int kRopeOffset = kKeys * kLatent;  // elements; tests/layout_check.cu checks it
 
@@ -69,10 +70,13 @@ struct VerifyTraits {
 
   static constexpr int kSmemQ = cosize_v<SmemLayoutQ> * int(sizeof(Element));
   static constexpr int kSmemK = cosize_v<SmemLayoutK> * int(sizeof(Element));
+  static constexpr int kSmemP = cosize_v<SmemLayoutP> * int(sizeof(Element));
+  static constexpr int kP1Offset = kSmemQ + kStages * kSmemK;  // bytes: P1's tile, after the stages
 
   // What the warpgroups share besides the tiles (after Q and the stages).
   struct SharedState {
-    // The parts of a stage that one GEMM warpgroup reads last, released to the gather together.
+    // The parts of a stage that one GEMM warpgroup reads last, released to the gather together:
+    // low = chunks 0-3 (warpgroup 0's half of V), high = chunks 4-8 (warpgroup 1's half and the rope).
     enum ReleaseGroup { kStage0Low, kStage0High, kStage1Low, kStage1High, kReleaseGroups };
     uint64_t chunk_full[kStages][kColumnChunks];  // a chunk's 16-byte pieces (and chunk 0: the key bits) are in
     uint64_t q_full;
@@ -85,7 +89,9 @@ struct VerifyTraits {
     unsigned long long wait_clocks[kWaitRoles][kWaitSlots];  // wait_clocks.cuh: [role][slot]
 #endif
   };
-  static constexpr int kSmemBytes = kSmemQ + kStages * kSmemK + int(sizeof(SharedState));
+  static constexpr int kStateOffset = kP1Offset + kSmemP;  // bytes
+  static constexpr int kSmemBytes = kStateOffset + int(sizeof(SharedState));
+  static_assert(kSmemBytes + 1024 <= 227 * 1024, "q, two stages, P1 and the state (+ 1 KB alignment slack) fit an SM");
 };
 
 // The fp16 kernel uses the same shapes with fp16 atoms.

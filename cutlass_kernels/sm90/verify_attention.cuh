@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   // generic loads, for the shared state).
   const uint32_t align_pad = (1024u - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023u)) & 1023u;
   uint8_t* const smem_base = smem_raw + align_pad;
-  constexpr int kStateOffset = Traits::kSmemQ + Traits::kStages * Traits::kSmemK;
+  constexpr int kStateOffset = Traits::kStateOffset;
   const int block = blockIdx.x;
   const bool gather_role = threadIdx.x / 128 == Traits::kGatherWarpgroup;
 
