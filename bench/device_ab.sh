@@ -3,7 +3,8 @@
 # one the base. Builds every tree (and, with WAIT_CLOCKS=1, its debug build) in parallel, runs
 # each variant's sm90 tests side by side (a failing variant is not timed), times attention alone on
 # ${CASES:-grid} for each tree one after another (sm90, paged:sm90, FlashMLA beside), compares
-# them (bench/compare_runs.py) and, with WAIT_CLOCKS=1, prints each tree's wait clocks. AB_TESTS:
+# them (bench/compare_runs.py) and, with WAIT_CLOCKS=1, prints each tree's wait clocks and its
+# timeline of one pair (wait_clocks.cuh). AB_TESTS:
 # the variants' pytest arguments instead of the sm90 tests, split at spaces (so a -k expression
 # must be one word). AB_BACKENDS: the timed columns (default sm90,paged:sm90,flashmla).
 # WITH_PREP=1 times the preparation and the one-call step too (a change to the preparation must
@@ -56,7 +57,7 @@ if [ "${WAIT_CLOCKS:-0}" = 1 ]; then
       read -r shape backend <<< "$case"
       echo "== $tree $shape $backend"
       in_tree "$tree" _wc -DDDTREE_WAIT_CLOCKS timeout 40 python3 -m bench.profile_case "$shape" --backend "$backend" --iters 1 2>&1 \
-        | grep wait_clocks
+        | grep -E "^(wait_clocks|trace) cta0"
     done
   done > "$OUT/wait_clocks.log"
 fi

@@ -216,23 +216,33 @@ __device__ __forceinline__ void gather_segment(const GatherPlan<Traits>& plan, u
     const int global_pair = pairs_done + pair;
     const int released = (global_pair - 1) & 1;  // the phase in which the previous pair was released
     const bool wait = pair > 0;
+    const WaitClock pair_clock = clock.at_pair(global_pair, true);
+    pair_clock.mark(kTracePairStart);
     const bool boxes0 = plan.kv_map != nullptr && g.all_consecutive(slot[0], first[0]);
     const bool boxes1 = plan.kv_map != nullptr && g.all_consecutive(slot[1], first[1]);
 
     // In the order the parts are released (mainloop.cuh): each stage's first half mid-pair,
     // its second at the pair's end, so that half of each refill overlaps the pair.
     if (wait) wait_release(State::kStage0Low, released);
+    pair_clock.mark(kTraceGroup0Acquired);
     g.publish_key_slots(slot[0], wg_thread, st.key_slots[global_pair & 1][0]);
     g.template load<0, 4>(stage0, plan.kv, plan.kv_stride, slot[0], plan.kv_map, first[0], boxes0, st.chunk_full[0], wg_thread);
     if (warp_leader) Barrier::arrive(&st.chunk_full[0][0]);  // after this warp's key bits
+    pair_clock.mark(kTraceGroup0Issued);
     if (wait) wait_release(State::kStage1High, released);
+    pair_clock.mark(kTraceGroup1Acquired);
     g.publish_key_slots(slot[1], wg_thread, st.key_slots[global_pair & 1][1]);
     g.template load<4, 9>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
     if (warp_leader) Barrier::arrive(&st.chunk_full[1][0]);
+    pair_clock.mark(kTraceGroup1Issued);
     if (wait) wait_release(State::kStage0High, released);
+    pair_clock.mark(kTraceGroup2Acquired);
     g.template load<4, 9>(stage0, plan.kv, plan.kv_stride, slot[0], plan.kv_map, first[0], boxes0, st.chunk_full[0], wg_thread);
+    pair_clock.mark(kTraceGroup2Issued);
     if (wait) wait_release(State::kStage1Low, released);
+    pair_clock.mark(kTraceGroup3Acquired);
     g.template load<0, 4>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
+    pair_clock.mark(kTraceGroup3Issued);
 
     load_slots(pair + 1);
     clock.add(kPairCycles, pair_start);

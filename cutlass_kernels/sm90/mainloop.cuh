@@ -53,12 +53,14 @@ struct ChunkGroup {};
 
 template <class Traits, class TiledMma, class FragQ, class FragK, class AccS, int... kChunk>
 __device__ __forceinline__ void qk_gemm_group(TiledMma& mma, FragQ const& frag_q, FragK const& frag_k, uint64_t* chunk_full,
-                                              int phase, AccS& acc_s, ChunkGroup<kChunk...>, const WaitClock& clock) {
+                                              int phase, AccS& acc_s, ChunkGroup<kChunk...>, const WaitClock& clock,
+                                              int landed_event) {
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kSteps = Traits::kChunkCols / 16;
   const long long waited = clock.now();
   (Barrier::wait(&chunk_full[kChunk], phase), ...);
   clock.add(kLoadWait, waited);
+  clock.mark(landed_event);
   cutlass::arch::fence_view_async_shared();  // cp.async writes -> wgmma (async proxy) reads
   warpgroup_arrive();
   auto chunk_gemm = [&](int c) {
@@ -77,11 +79,12 @@ __device__ __forceinline__ void qk_gemm(TiledMma& mma, FragQ const& frag_q, Frag
                                         AccS& acc_s, First first, Second second, const WaitClock& clock) {
   warpgroup_fence_operand(acc_s);
   mma.accumulate_ = GMMA::ScaleOut::Zero;
-  qk_gemm_group<Traits>(mma, frag_q, frag_k, chunk_full, phase, acc_s, first, clock);
-  qk_gemm_group<Traits>(mma, frag_q, frag_k, chunk_full, phase, acc_s, second, clock);
+  qk_gemm_group<Traits>(mma, frag_q, frag_k, chunk_full, phase, acc_s, first, clock, kTraceFirstGroup);
+  qk_gemm_group<Traits>(mma, frag_q, frag_k, chunk_full, phase, acc_s, second, clock, kTraceSecondGroup);
   const long long issued = clock.now();
   warpgroup_wait<0>();
   clock.add(kSGemmWait, issued);
+  clock.mark(kTraceSDone);
   warpgroup_fence_operand(acc_s);
 }
 
@@ -207,11 +210,13 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
     const int global_pair = pairs_done + pair;
     const int phase = global_pair & 1;
     const int kv0 = seg.kv_begin + (2 * pair + kWarpgroup) * kKeys;
+    const WaitClock pair_clock = clock.at_pair(global_pair, false);
+    pair_clock.mark(kTracePairStart);
     // Each stage's chunks in the order the gather refills them (gather.cuh).
     if constexpr (kWarpgroup == 0) {
-      qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[0], phase, acc_s, ChunkGroup<0, 1, 2, 3>{}, ChunkGroup<4, 5, 6, 7, 8>{}, clock);
+      qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[0], phase, acc_s, ChunkGroup<0, 1, 2, 3>{}, ChunkGroup<4, 5, 6, 7, 8>{}, pair_clock);
     } else {
-      qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[1], phase, acc_s, ChunkGroup<4, 5, 6, 7, 8>{}, ChunkGroup<0, 1, 2, 3>{}, clock);
+      qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[1], phase, acc_s, ChunkGroup<4, 5, 6, 7, 8>{}, ChunkGroup<0, 1, 2, 3>{}, pair_clock);
     }
 
     float tile_max[2], part_sum[2], safe_max[2], factor[2];
@@ -235,15 +240,19 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
         }
       }
       NamedBarrier::arrive(kThreads, kScale0Ready);
+      pair_clock.mark(kTraceScale);
       exponentiate(acc_s, probs, safe_max, part_sum);
       // P0 stored before P0 V0_L, so nothing reads P's registers while the GEMM that reads them
       // is in flight; under m0 until scale1 is known.
       store_probs<Traits>(p0_tile, probs, wg_thread);
+      pair_clock.mark(kTracePStored);
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) row_sum[j] = row_sum[j] * factor[j] + part_sum[j];
       rescale_rows(acc_o, factor);
       issue_warpgroup_gemm(mma_pv, frag_p, frag_v_mine, acc_o);
+      pair_clock.mark(kTraceFirstPv);
       sync_partner(kScale1Ready);
+      pair_clock.mark(kTracePartner);
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) {
         factor[j] = st.scale1[my_row + 8 * j];
@@ -256,12 +265,15 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
       warpgroup_fence_operand(frag_p);
       warpgroup_fence_operand(acc_o);
       Barrier::arrive(&st.chunk_empty[State::kStage0Low]);
+      pair_clock.mark(kTraceFirstRelease);
       rescale_rows(acc_o, factor);
       sync_partner(kP1Ready);
       issue_warpgroup_gemm(mma_pv_shared, frag_p_other, frag_v_other, acc_o);
+      pair_clock.mark(kTraceSecondPv);
       wait_pv(Int<0>{});
       warpgroup_fence_operand(acc_o);
       Barrier::arrive(&st.chunk_empty[State::kStage1Low]);
+      pair_clock.mark(kTraceSecondRelease);
     } else {
       seg.mask.tile_bits(kv0, seg.row0, my_row, read_key_slots(st.key_slots[phase][1]), visible);
       mask_and_row_max(acc_s, visible, seg.scale_log2, quad_lane, tile_max);
@@ -284,9 +296,11 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
         }
       }
       NamedBarrier::arrive(kThreads, kScale1Ready);
+      pair_clock.mark(kTraceScale);
       exponentiate(acc_s, probs, safe_max, part_sum);
       store_probs<Traits>(p1_tile, probs, wg_thread);
       NamedBarrier::arrive(kThreads, kP1Ready);
+      pair_clock.mark(kTracePStored);
       // O_R to m1 at once: P1, and P0 as warpgroup 0 leaves it, are both under m1.
       float to_m1[2];
       CUTE_UNROLL
@@ -296,14 +310,19 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
       }
       rescale_rows(acc_o, to_m1);
       issue_warpgroup_gemm(mma_pv, frag_p, frag_v_mine, acc_o);
+      pair_clock.mark(kTraceFirstPv);
       sync_partner(kP0Ready);
+      pair_clock.mark(kTracePartner);
       issue_warpgroup_gemm(mma_pv_shared, frag_p_other, frag_v_other, acc_o);
+      pair_clock.mark(kTraceSecondPv);
       wait_pv(Int<1>{});
       warpgroup_fence_operand(frag_p);
       Barrier::arrive(&st.chunk_empty[State::kStage1High]);
+      pair_clock.mark(kTraceFirstRelease);
       wait_pv(Int<0>{});
       warpgroup_fence_operand(acc_o);
       Barrier::arrive(&st.chunk_empty[State::kStage0High]);
+      pair_clock.mark(kTraceSecondRelease);
     }
     clock.add(kPairCycles, pair_start);
     clock.count(kPairs);

@@ -87,6 +87,7 @@ struct VerifyTraits {
     float row_sum[kMmaWarpgroups][kRows];  // the final sums of both warpgroups
 #ifdef DDTREE_WAIT_CLOCKS
     unsigned long long wait_clocks[kWaitRoles][kWaitSlots];  // wait_clocks.cuh: [role][slot]
+    unsigned trace[kWaitRoles][kTraceEvents];                // wait_clocks.cuh: [role][event] of the traced pair
 #endif
   };
   static constexpr int kStateOffset = kP1Offset + kSmemP;  // bytes

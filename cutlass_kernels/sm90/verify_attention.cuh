@@ -130,6 +130,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
 #ifdef DDTREE_WAIT_CLOCKS
     for (int r = 0; r < kWaitRoles; ++r) {
       for (int w = 0; w < kWaitSlots; ++w) st.wait_clocks[r][w] = 0;
+      for (int e = 0; e < kTraceEvents; ++e) st.trace[r][e] = 0;
     }
 #endif
     cutlass::arch::fence_barrier_init();

@@ -1,7 +1,9 @@
 // Where the warpgroups of a CTA wait, for a debug build (nvcc -DDDTREE_WAIT_CLOCKS, e.g.
 // DDTREE_NVCC_EXTRA=-DDDTREE_WAIT_CLOCKS python -m bench.profile_case CASE --iters 1): each role's
-// first thread sums the cycles it spends in each kind of wait, in shared memory, and CTA (0, 0)
-// prints the sums when it is done. Without the macro every call here compiles to nothing.
+// first thread sums the cycles it spends in each kind of wait, in shared memory, and records when
+// the events of one pair happen (the timeline of pair kTracedPair: the GEMM warpgroups' pair and
+// the gather's loads for the pair after it, which wait for that pair's releases); CTA (0, 0)
+// prints both when it is done. Without the macro every call here compiles to nothing.
 #pragma once
 
 #include <cstdio>
@@ -21,15 +23,42 @@ enum WaitSlot : int {
 };
 constexpr int kWaitRoles = 3;  // GEMM warpgroups 0 and 1, the gather (the last)
 
+// The events of the traced pair, in each role's order (TraceNames below prints them).
+enum TraceEvent : int {
+  kTracePairStart,
+  // GEMM warpgroups: S's two chunk groups landed, S retired, this warpgroup's scale published or
+  // (warpgroup 1) awaited, P stored, the first P V issued, the partner's hand-off awaited, the
+  // second P V issued, the first and the second release.
+  kTraceFirstGroup, kTraceSecondGroup, kTraceSDone, kTraceScale, kTracePStored, kTraceFirstPv,
+  kTracePartner, kTraceSecondPv, kTraceFirstRelease, kTraceSecondRelease,
+  // Gather (the pair after the traced one): each release group acquired and its copies issued,
+  // in the gather's order.
+  kTraceGroup0Acquired = 1, kTraceGroup0Issued, kTraceGroup1Acquired, kTraceGroup1Issued, kTraceGroup2Acquired,
+  kTraceGroup2Issued, kTraceGroup3Acquired, kTraceGroup3Issued,
+  kTraceEvents = 11,
+};
+constexpr int kTracedPair = 16;  // of the CTA's pairs (all its segments): well past the first refills
+
 struct WaitClock {
 #ifdef DDTREE_WAIT_CLOCKS
   unsigned long long* slots;  // this role's sums in shared memory; nullptr: not the role's first thread
+  unsigned* trace;            // this role's events of the traced pair (nullptr: not recording them)
+  const unsigned* origin;     // warpgroup 0's start of the traced pair: the timeline's 0
   __device__ __forceinline__ long long now() const { return clock64(); }
   __device__ __forceinline__ void add(int slot, long long since) const {
     if (slots) slots[slot] += static_cast<unsigned long long>(clock64() - since);
   }
   __device__ __forceinline__ void count(int slot) const {
     if (slots) slots[slot] += 1;
+  }
+  // The same clock, recording events only in the traced pair (the gather: the pair after it).
+  __device__ __forceinline__ WaitClock at_pair(int pair, bool gather) const {
+    WaitClock c = *this;
+    if (pair != kTracedPair + (gather ? 1 : 0)) c.trace = nullptr;
+    return c;
+  }
+  __device__ __forceinline__ void mark(int event) const {
+    if (slots && trace) trace[event] = static_cast<unsigned>(clock64());
   }
   __device__ __forceinline__ void print(int role) const {
     if (slots && blockIdx.x == 0 && blockIdx.y == 0) {
@@ -42,12 +71,25 @@ struct WaitClock {
                role, slots[kPairs], slots[kPairCycles], slots[kLoadWait], slots[kSGemmWait], slots[kPartnerWait],
                slots[kPvGemmWait], slots[kPrologue], slots[kEpilogue]);
       }
+      int t[kTraceEvents];  // cycles after warpgroup 0's start of the traced pair; events not reached: 0 - origin
+      for (int e = 0; e < kTraceEvents; ++e) t[e] = static_cast<int>(trace[e] - *origin);
+      if (role == kWaitRoles - 1) {
+        printf("trace cta0 gather, loads of pair %d: start %d; stage 0 chunks 0-3 released %d issued %d; stage 1 chunks 4-8 "
+               "released %d issued %d; stage 0 chunks 4-8 released %d issued %d; stage 1 chunks 0-3 released %d issued %d\n",
+               kTracedPair + 1, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]);
+      } else {
+        printf("trace cta0 GEMM warpgroup %d, pair %d: start %d; S groups landed %d %d, retired %d; scale %d; P stored %d; "
+               "first P V issued %d; partner %d; second P V issued %d; releases %d %d\n",
+               role, kTracedPair, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10]);
+      }
     }
   }
 #else
   __device__ __forceinline__ long long now() const { return 0; }
   __device__ __forceinline__ void add(int, long long) const {}
   __device__ __forceinline__ void count(int) const {}
+  __device__ __forceinline__ WaitClock at_pair(int, bool) const { return *this; }
+  __device__ __forceinline__ void mark(int) const {}
   __device__ __forceinline__ void print(int) const {}
 #endif
 };
@@ -56,7 +98,7 @@ struct WaitClock {
 template <class SharedState>
 __device__ __forceinline__ WaitClock wait_clock(SharedState& st, int role, int wg_thread) {
 #ifdef DDTREE_WAIT_CLOCKS
-  return WaitClock{wg_thread == 0 ? st.wait_clocks[role] : nullptr};
+  return WaitClock{wg_thread == 0 ? st.wait_clocks[role] : nullptr, st.trace[role], &st.trace[0][kTracePairStart]};
 #else
   (void)st, (void)role, (void)wg_thread;
   return WaitClock{};
