@@ -180,8 +180,7 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
   Tensor frag_v_other = thr_pv_shared.partition_fragment_B(v_half(kWarpgroup == 0 ? stage1 : stage0));
   // P0 in stage 0's rope chunk, P1 in its own tile (traits.cuh).
   Element* const p0_tile = stage0 + Traits::kRopeOffset;
-  static_assert(Traits::kP1Offset == Traits::kSmemQ + 2 * Traits::kSmemK, "P1's tile follows the two stages");
-  Element* const p1_tile = smem_k + 2 * kStageElems;
+  Element* const p1_tile = reinterpret_cast<Element*>(reinterpret_cast<uint8_t*>(smem_q) + Traits::kP1Offset);  // q is at offset 0
   Tensor frag_p_other = thr_pv_shared.partition_fragment_A(
       make_tensor(make_smem_ptr(kWarpgroup == 0 ? p1_tile : p0_tile), typename Traits::SmemLayoutP{}));
 

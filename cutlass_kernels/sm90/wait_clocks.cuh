@@ -23,7 +23,7 @@ enum WaitSlot : int {
 };
 constexpr int kWaitRoles = 3;  // GEMM warpgroups 0 and 1, the gather (the last)
 
-// The events of the traced pair, in each role's order (TraceNames below prints them).
+// The events of the traced pair, in each role's order (WaitClock::print names them).
 enum TraceEvent : int {
   kTracePairStart,
   // GEMM warpgroups: S's two chunk groups landed, S retired, this warpgroup's scale published or
