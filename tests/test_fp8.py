@@ -1,7 +1,8 @@
 """FP8 e4m3 KV (`kv_cache` float8_e4m3fn or its uint8 bytes, per-tensor `kv_scale`) through
 `mla_tree_verify`: the reference against an independent float64 brute force on the dequantized
 cache, argument errors, opcheck, compile, the Triton kernel in the interpreter; on a GPU the
-Triton kernel against the reference and `auto` routing (the sm90 kernel takes no FP8 yet)."""
+Triton and sm90 kernels (both schedules) against the reference, `auto` routing and graph replay
+with a new scale."""
 
 import dataclasses
 
@@ -10,7 +11,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from conftest import brute_force_verify, needs_cuda, relative_error, run_interpreter_script
-from gpu_cases import assert_matches_reference, capture, cuda_backends
+from gpu_cases import assert_matches_reference, capture, cuda_backends, needs_sm90, run_sm90
 from ddtree_op import mla_tree_verify, ops
 from ddtree_op.api import mask_words_per_row
 from ddtree_op.synthetic import make_verify_batch
@@ -154,26 +155,45 @@ GPU_GRID = [([0], [1], 16), ([127], [1], 128), ([4000, 100, 0, 64], [4, 1, 3, 2]
 @pytest.mark.parametrize("scale_tensor", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("case", GPU_GRID, ids=lambda c: f"P{c[0][:2]}-n{c[1][:2]}-H{c[2]}")
-@pytest.mark.parametrize("backend", ["triton", "auto"])
-def test_triton_matches_reference(backend, case, dtype, scale_tensor):
+@pytest.mark.parametrize("backend", ["triton", "sm90", "auto"])
+def test_kernels_match_reference(backend, case, dtype, scale_tensor):
+    if backend not in cuda_backends() + ["auto"]:
+        pytest.skip("the sm_90a kernel needs an sm_90 GPU")
     prefix, drafts, heads = case
     vb, kv_scale = fp8_batch(prefix, drafts, heads, dtype=dtype, scale_tensor=scale_tensor, device="cuda", pad_rows=3,
-                             layout="full", seed=1)
+                             layout="full", seed=1, storage="uint8" if scale_tensor else "fp8")
     ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, backend="reference")
     out, lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, backend=backend)
     assert_matches_reference(out, lse, ref_out, ref_lse)
 
 
+SCHEDULES = [dict(schedule="split", num_splits=1), dict(schedule="split", num_splits=3),
+             dict(schedule="persistent", ctas=5, num_splits=2), dict(schedule="persistent", ctas=132, num_splits=1)]
+
+
 @needs_cuda
-def test_auto_sends_fp8_to_triton_and_sm90_refuses_it(fresh_dispatch):
+@needs_sm90
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: "-".join(map(str, s.values())))
+@pytest.mark.parametrize("case", GPU_GRID[2:], ids=lambda c: f"P{c[0][:2]}-n{c[1][:2]}-H{c[2]}")
+def test_sm90_schedules_match_reference(case, schedule):
+    """The sm_90a kernel's FP8 gather in both schedules, partials and merges included, whatever
+    `auto` would pick; the scale as a device tensor and as a value."""
+    prefix, drafts, heads = case
+    for scale_tensor in (True, False):
+        vb, kv_scale = fp8_batch(prefix, drafts, heads, scale=0.03, scale_tensor=scale_tensor, device="cuda", pad_rows=2,
+                                 layout="full", seed=len(prefix) + heads)
+        ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, backend="reference")
+        scale_args = dict(kv_scale=kv_scale) if scale_tensor else dict(kv_scale_value=kv_scale)
+        assert_matches_reference(*run_sm90(vb, **schedule, **scale_args), ref_out, ref_lse)
+
+
+@needs_cuda
+def test_auto_sends_fp8_to_the_fastest_kernel(fresh_dispatch):
     from ddtree_op.backends import choose, input_class
 
-    vb, kv_scale = fp8_batch([100], [4], 16, device="cuda")
+    vb, _ = fp8_batch([100], [4], 16, device="cuda")
     out = torch.empty(vb.q.shape[0], 16, 512, dtype=vb.q.dtype, device="cuda")
-    assert choose(vb.q.device, "auto", input_class(vb.q, vb.kv_cache, out)).name == "triton"
-    if "sm90" in cuda_backends():
-        with pytest.raises(ValueError, match="FP8"):
-            mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, backend="sm90")
+    assert choose(vb.q.device, "auto", input_class(vb.q, vb.kv_cache, out)).name == cuda_backends()[-1]
 
 
 @needs_cuda

@@ -166,11 +166,11 @@ __device__ __forceinline__ uint64_t read_key_slots(const uint16_t* key_bits) {
   return *reinterpret_cast<const uint64_t*>(key_bits);
 }
 
-// What the gather needs of a segment.
-template <class Traits>
+// What the gather needs of a segment. KvElement: the cache's element (q's, or uint8_t: e4m3 bytes).
+template <class Traits, class KvElement = typename Traits::Element>
 struct GatherPlan {
-  const typename Traits::Element* kv;
-  int64_t kv_stride;
+  const KvElement* kv;
+  int64_t kv_stride;  // elements of KvElement
   const int32_t* slots;  // verify_indices of the request's first key
   const CUtensorMap* kv_map;  // the pool as 64 x 64 boxes, or nullptr: cp.async only
   int kv_begin, kv_end, num_tiles;

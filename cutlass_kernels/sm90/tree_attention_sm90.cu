@@ -57,20 +57,39 @@ bool kv_boxes_enabled() {
   return enabled;
 }
 
+// The kernel for q's dtype Element, the schedule and the cache's dtype.
+template <class Element>
+void launch_for_cache(bool persistent, bool fp8_kv, const VerifyParams& params, dim3 grid, cudaStream_t stream) {
+  if (persistent) {
+    fp8_kv ? launch_verify_attention<Element, true, true>(params, grid, stream)
+           : launch_verify_attention<Element, true, false>(params, grid, stream);
+  } else {
+    fp8_kv ? launch_verify_attention<Element, false, true>(params, grid, stream)
+           : launch_verify_attention<Element, false, false>(params, grid, stream);
+  }
+}
+
 void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& qo_indptr,
                          const at::Tensor& verify_indptr, const at::Tensor& verify_indices,
                          const at::Tensor& mask_words, double sm_scale, at::Tensor& out, at::Tensor& lse,
                          at::Tensor& part_out, at::Tensor& part_lse, int64_t num_splits,
-                         int64_t persistent_ctas, const at::Tensor& plan, const c10::optional<at::Tensor>& status) {
+                         int64_t persistent_ctas, const at::Tensor& plan, const c10::optional<at::Tensor>& status,
+                         const c10::optional<at::Tensor>& kv_scale, double kv_scale_value) {
   const c10::cuda::CUDAGuard guard(q.device());
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1, "ddtree_op: 'q' must be [T, H, 576], last dim contiguous");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, "ddtree_op: 'q' must be bf16 or fp16");
-  TORCH_CHECK(kv_cache.dim() == 2 && kv_cache.size(1) == 576 && kv_cache.stride(1) == 1 && kv_cache.scalar_type() == q.scalar_type(),
-              "ddtree_op: 'kv_cache' must be [S, 576] rows of q's dtype");
+  const bool fp8_kv = kv_cache.scalar_type() == at::kFloat8_e4m3fn;
+  TORCH_CHECK(kv_cache.dim() == 2 && kv_cache.size(1) == 576 && kv_cache.stride(1) == 1 &&
+                  (kv_cache.scalar_type() == q.scalar_type() || fp8_kv),
+              "ddtree_op: 'kv_cache' must be [S, 576] rows of q's dtype or of float8_e4m3fn");
+  TORCH_CHECK(!kv_scale.has_value() || (fp8_kv && kv_scale->is_cuda() && kv_scale->device() == q.device() &&
+                                        kv_scale->scalar_type() == at::kFloat && kv_scale->numel() == 1),
+              "ddtree_op: argument 'kv_scale' must be a float32 tensor of one element on the device of q, for a "
+              "float8_e4m3fn kv_cache");
   auto aligned16 = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
   TORCH_CHECK(aligned16(q) && q.stride(0) % 8 == 0 && q.stride(1) % 8 == 0,
               "ddtree_op: argument 'q' must have 16-byte aligned rows for backend 'cutlass' (use backend 'triton')");
-  TORCH_CHECK(aligned16(kv_cache) && kv_cache.stride(0) % 8 == 0,
+  TORCH_CHECK(aligned16(kv_cache) && kv_cache.stride(0) * kv_cache.element_size() % 16 == 0,
               "ddtree_op: argument 'kv_cache' must have 16-byte aligned rows for backend 'cutlass' (use backend 'triton')");
   // The epilogue stores 16-byte pieces of output rows.
   TORCH_CHECK(out.dim() == 3 && out.stride(2) == 1 && aligned16(out) && out.stride(0) % 8 == 0 && out.stride(1) % 8 == 0,
@@ -112,8 +131,10 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
   params.q_stride_token = q.stride(0);
   params.q_stride_head = q.stride(1);
   params.kv = kv_cache.data_ptr();
-  params.kv_boxes = kv_boxes_enabled() && encode_kv_boxes(&params.kv_map, kv_cache);
+  params.kv_boxes = !fp8_kv && kv_boxes_enabled() && encode_kv_boxes(&params.kv_map, kv_cache);  // e4m3: cp.async only
   params.kv_stride = kv_cache.stride(0);
+  params.kv_scale = kv_scale.has_value() ? kv_scale->data_ptr<float>() : nullptr;
+  params.kv_scale_value = static_cast<float>(kv_scale_value);
   params.qo_indptr = view_of(qo_indptr);
   params.verify_indptr = verify_indptr.data_ptr<int32_t>();
   params.verify_indices = verify_indices.data_ptr<int32_t>();
@@ -137,15 +158,13 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
 
 
   auto stream = c10::cuda::getCurrentCUDAStream();
+  const bool persistent = persistent_ctas > 0;
+  const dim3 grid(static_cast<unsigned>(persistent ? persistent_ctas : split_ctas));
   const bool bf16 = q.scalar_type() == at::kBFloat16;
-  if (persistent_ctas > 0) {
-    const dim3 grid(static_cast<unsigned>(persistent_ctas));
-    bf16 ? launch_verify_attention<cutlass::bfloat16_t, true>(params, grid, stream)
-         : launch_verify_attention<cutlass::half_t, true>(params, grid, stream);
+  if (bf16) {
+    launch_for_cache<cutlass::bfloat16_t>(persistent, fp8_kv, params, grid, stream);
   } else {
-    const dim3 grid(static_cast<unsigned>(split_ctas));
-    bf16 ? launch_verify_attention<cutlass::bfloat16_t, false>(params, grid, stream)
-         : launch_verify_attention<cutlass::half_t, false>(params, grid, stream);
+    launch_for_cache<cutlass::half_t>(persistent, fp8_kv, params, grid, stream);
   }
 }
 
@@ -155,7 +174,8 @@ TORCH_LIBRARY(ddtree_sm90, m) {
   m.def(
       "tree_attention(Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor verify_indptr, Tensor verify_indices,"
       " Tensor mask_words, float sm_scale, Tensor(a!) out, Tensor(b!) lse, Tensor(c!) part_out,"
-      " Tensor(d!) part_lse, int num_splits, int persistent_ctas, Tensor plan, Tensor(e!)? status=None) -> ()");
+      " Tensor(d!) part_lse, int num_splits, int persistent_ctas, Tensor plan, Tensor(e!)? status=None,"
+      " Tensor? kv_scale=None, float kv_scale_value=1.0) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ddtree_sm90, CUDA, m) { m.impl("tree_attention", &tree_attention_sm90); }

@@ -32,6 +32,7 @@
 #include "../status.cuh"
 #include "epilogue.cuh"
 #include "gather.cuh"
+#include "gather_fp8.cuh"
 #include "mainloop.cuh"
 #include "merge.cuh"
 #include "tile_scheduler.cuh"
@@ -95,10 +96,33 @@ __device__ __forceinline__ SegmentGeometry segment_geometry(const VerifyParams& 
   return g;
 }
 
+// What the gather needs of a segment, the cache's rows as KvElement.
+template <class Traits, class KvElement>
+__device__ __forceinline__ GatherPlan<Traits, KvElement> gather_plan(const VerifyParams& p, const SegmentGeometry& g) {
+  GatherPlan<Traits, KvElement> plan;
+  plan.kv = static_cast<const KvElement*>(p.kv);
+  plan.kv_stride = p.kv_stride;
+  plan.slots = p.verify_indices + g.kv_lo;
+  plan.kv_map = p.kv_boxes ? &p.kv_map : nullptr;
+  plan.kv_begin = g.kv_begin;
+  plan.kv_end = g.kv_end;
+  plan.num_tiles = g.num_tiles;
+  return plan;
+}
+
+// The factor from stored to true KV values: an e4m3 cache's scale (read where it is used, after
+// the preparation, so that a replay may change it), else 1.
+template <bool kFp8Kv>
+__device__ __forceinline__ float kv_scale_of(const VerifyParams& p) {
+  if constexpr (kFp8Kv) return p.kv_scale != nullptr ? *p.kv_scale : p.kv_scale_value;
+  return 1.f;
+}
+
 // Warpgroups 0 and 1 compute (mainloop.cuh) and store (epilogue.cuh); warpgroup 2 gathers
-// (gather.cuh). Every thread walks the same segments; one CTA barrier per segment separates a
+// (gather.cuh, or gather_fp8.cuh for an e4m3 cache, whose scale multiplies the logits and the
+// output). Every thread walks the same segments; one CTA barrier per segment separates a
 // segment's epilogue (which stages the output over q and stage 0) from the next one's copies.
-template <class Traits, bool kPersistent>
+template <class Traits, bool kPersistent, bool kFp8Kv>
 __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(const __grid_constant__ VerifyParams p) {
   using Element = typename Traits::Element;
   using SharedState = typename Traits::SharedState;
@@ -192,18 +216,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       uint8_t* const smem = smem_raw + opaque_if<kPersistent>(align_pad);
       SharedState& st = *reinterpret_cast<SharedState*>(smem + kStateOffset);
       const SegmentGeometry g = segment_geometry<Traits, kPersistent>(p, seg);
-      GatherPlan<Traits> plan;
-      plan.kv = static_cast<const Element*>(p.kv);
-      plan.kv_stride = p.kv_stride;
-      plan.slots = p.verify_indices + g.kv_lo;
-      plan.kv_map = p.kv_boxes ? &p.kv_map : nullptr;
-      plan.kv_begin = g.kv_begin;
-      plan.kv_end = g.kv_end;
-      plan.num_tiles = g.num_tiles;
       __syncthreads();  // the previous segment's epilogue is done with shared memory
       if (g.num_tiles > 0) {
-        const uint32_t smem_u32 = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-        gather_segment<Traits>(plan, smem_u32 + Traits::kSmemQ, st, pairs_done, wg_thread);
+        const uint32_t smem_k = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + Traits::kSmemQ;
+        if constexpr (kFp8Kv) {
+          gather_segment_fp8<Traits>(gather_plan<Traits, uint8_t>(p, g), smem_k, st, pairs_done, wg_thread);
+        } else {
+          gather_segment<Traits>(gather_plan<Traits, Element>(p, g), smem_k, st, pairs_done, wg_thread);
+        }
       }
       pairs_done += (g.num_tiles + 1) / 2;
       if constexpr (!kPersistent) {
@@ -233,7 +253,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     keys.num_tiles = g.num_tiles;
     keys.mask = TreeMask{p.mask_words, p.mask_stride, g.q_lo, p.heads, g.num_draft, g.num_rows, g.kv_len - g.num_draft};
     keys.row0 = g.row0;
-    keys.scale_log2 = p.scale_log2;
+    keys.scale_log2 = p.scale_log2 * kv_scale_of<kFp8Kv>(p);
     const int num_pairs = (g.num_tiles + 1) / 2;
 
     const int my_row = (wg_thread / 32) * 16 + (wg_thread % 32) / 4;
@@ -287,10 +307,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     }
     NamedBarrier::arrive_and_wait(kMmaThreads, kEpilogueBarrier);
     float lse_row[2], inv_sum[2];
+    const float kv_scale = kv_scale_of<kFp8Kv>(p);  // V's too
     CUTE_UNROLL
     for (int j = 0; j < 2; ++j) {
       const float total = row_sum[j] + st.row_sum[1 - warpgroup][my_row + 8 * j];
-      inv_sum[j] = total > 0.f ? 1.f / total : 0.f;
+      inv_sum[j] = total > 0.f ? kv_scale / total : 0.f;
       lse_row[j] = total > 0.f ? (st.row_max[my_row + 8 * j] + log2f(total)) * 0.6931471805599453f : -INFINITY;
     }
 
@@ -344,11 +365,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
 }
 
 // The launch that verify_launch.cuh declares, each specialization in a translation unit of its own
-// (verify_attention_<dtype>_<schedule>.cu), so that the kernels compile in parallel.
-template <class Element, bool kPersistent>
+// (verify_attention_<dtype>[_fp8]_<schedule>.cu), so that the kernels compile in parallel.
+template <class Element, bool kPersistent, bool kFp8Kv>
 void launch_verify_attention(const VerifyParams& params, dim3 grid, cudaStream_t stream) {
   using Traits = VerifyTraits<Element>;
-  auto kernel = verify_attention_kernel<Traits, kPersistent>;
+  auto kernel = verify_attention_kernel<Traits, kPersistent, kFp8Kv>;
   const int smem = Traits::kSmemBytes + 1024;  // + alignment slack for the swizzled tiles
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   // Chained to the preparation before it (../grid_dependency.cuh).

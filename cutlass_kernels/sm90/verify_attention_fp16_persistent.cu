@@ -1,4 +1,4 @@
 // The sm_90a verify kernel for fp16 q and KV, persistent schedule (verify_launch.cuh).
 #include "verify_attention.cuh"
 
-DDTREE_INSTANTIATE_VERIFY_ATTENTION(cutlass::half_t, true)
+DDTREE_INSTANTIATE_VERIFY_ATTENTION(cutlass::half_t, true, false)

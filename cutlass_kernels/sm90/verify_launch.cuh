@@ -1,6 +1,6 @@
 // The launch of the sm_90a verify kernel, declared for the host side (tree_attention_sm90.cu) and
-// defined in verify_attention.cuh. Each (dtype, schedule) is instantiated in a translation unit of
-// its own (verify_attention_<dtype>_<schedule>.cu), so that ninja compiles the four in parallel.
+// defined in verify_attention.cuh. Each (dtype, cache, schedule) is instantiated in a translation
+// unit of its own (verify_attention_<dtype>[_fp8]_<schedule>.cu), so that ninja compiles the eight in parallel.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,12 +10,14 @@
 
 namespace ddtree::sm90 {
 
-// kPersistent: the persistent schedule (grid = CTAs), else the split schedule.
-template <class Element, bool kPersistent>
+// kPersistent: the persistent schedule (grid = CTAs), else the split schedule. kFp8Kv: the cache
+// holds e4m3 values (dequantized in shared memory, gather_fp8.cuh), else values of Element.
+template <class Element, bool kPersistent, bool kFp8Kv>
 void launch_verify_attention(const VerifyParams& params, dim3 grid, cudaStream_t stream);
 
 }  // namespace ddtree::sm90
 
 // The explicit instantiation in one of those translation units.
-#define DDTREE_INSTANTIATE_VERIFY_ATTENTION(ELEMENT, PERSISTENT) \
-  template void ddtree::sm90::launch_verify_attention<ELEMENT, PERSISTENT>(const ddtree::sm90::VerifyParams&, dim3, cudaStream_t);
+#define DDTREE_INSTANTIATE_VERIFY_ATTENTION(ELEMENT, PERSISTENT, FP8_KV)                                              \
+  template void ddtree::sm90::launch_verify_attention<ELEMENT, PERSISTENT, FP8_KV>(const ddtree::sm90::VerifyParams&, dim3, \
+                                                                                   cudaStream_t);

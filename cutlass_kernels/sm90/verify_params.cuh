@@ -16,8 +16,12 @@ struct VerifyParams {
   bool kv_boxes;
   const void* q;
   int64_t q_stride_token, q_stride_head;
-  const void* kv;
-  int64_t kv_stride;
+  const void* kv;  // rows of q's dtype, or of e4m3 bytes (the kernel's kFp8Kv)
+  int64_t kv_stride;  // elements
+  // An e4m3 cache's scale (value = stored x scale): *kv_scale, read on the device, or
+  // kv_scale_value where kv_scale is nullptr.
+  const float* kv_scale;
+  float kv_scale_value;
   IndexView qo_indptr;
   const int32_t* verify_indptr;
   const int32_t* verify_indices;  // slot ids; < 0: no slot (the key is invisible)

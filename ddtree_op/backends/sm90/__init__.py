@@ -18,19 +18,19 @@ from .schedule import plan_shape
 
 
 def _rows_aligned(t: torch.Tensor) -> bool:
-    return t.data_ptr() % 16 == 0 and all(stride % 8 == 0 for stride in t.stride()[:-1])
+    return t.data_ptr() % 16 == 0 and all(stride * t.element_size() % 16 == 0 for stride in t.stride()[:-1])
 
 
 def sm90_accepts(q: torch.Tensor, kv_rows: torch.Tensor, out: torch.Tensor) -> bool:
     """The kernel copies q and KV rows and stores output rows in 16-byte pieces, so every row must
-    be 16-byte aligned (base pointer, and token/head/slot strides in multiples of 8 elements).
+    be 16-byte aligned (base pointer, and token/head/slot strides in multiples of 16 bytes).
     The Triton kernel takes any strides, so "auto" sends others there."""
     return _rows_aligned(q) and _rows_aligned(kv_rows) and _rows_aligned(out)
 
 
 def accepts(inputs) -> bool:
-    """`inputs`: a backends.InputClass. No FP8 cache yet: "auto" sends it to the Triton kernel."""
-    return inputs.rows_16b_aligned and inputs.kv_dtype != torch.float8_e4m3fn
+    """`inputs`: a backends.InputClass. KV of q's dtype or e4m3 (dequantized in the kernel)."""
+    return inputs.rows_16b_aligned and inputs.kv_dtype in (inputs.dtype, torch.float8_e4m3fn)
 
 
 run = tree_attention_sm90

@@ -28,12 +28,14 @@ def make_plan(qo_indptr, verify_indptr, num_tokens: int, heads: int, ctas: int, 
 
 
 def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, num_splits=None,
-                        schedule=None, ctas=None, plan=None, status=None):
+                        schedule=None, ctas=None, plan=None, status=None, kv_scale=None, kv_scale_value=1.0):
     """schedule: None (chosen from shapes), "split" or "persistent" (over `ctas` CTAs, by default one
     per SM). num_splits: key splits per row block (default: from shapes). plan: the preparation's
     schedule plan (prepare_verify's, made for plan_shape), or None. status: published by the
     kernel's first CTA (what prepare_verify with publish_status=False left in it), where q has
-    rows; with none the kernel is not launched and the caller publishes."""
+    rows; with none the kernel is not launched and the caller publishes. kv_scale (float32 [1] on
+    the device) or else kv_scale_value: an e4m3 (float8_e4m3fn) cache's scale, dequantized in the
+    kernel."""
     build.load_library("sm90")
     num_tokens, heads = q.shape[0], q.shape[1]
     if num_tokens == 0:
@@ -59,7 +61,8 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
         part_out = torch.empty((slots, ROWS_PER_BLOCK, LATENT_DIM), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((slots, ROWS_PER_BLOCK), dtype=torch.float32, device=q.device)
         torch.ops.ddtree_sm90.tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale,
-                                             out, lse, part_out, part_lse, num_splits, ctas, plan, status)
+                                             out, lse, part_out, part_lse, num_splits, ctas, plan, status, kv_scale,
+                                             kv_scale_value)
         return
     if num_splits > 1:  # partials [slot, row]: a row block has up to PIECE_SLOTS_PER_SPLIT * splits pieces
         slots = PIECE_SLOTS_PER_SPLIT * num_splits
@@ -68,7 +71,7 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
     else:
         part_out = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
     torch.ops.ddtree_sm90.tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out,
-                                         lse, part_out, part_lse, num_splits, 0, plan, status)
+                                         lse, part_out, part_lse, num_splits, 0, plan, status, kv_scale, kv_scale_value)
     if num_splits > 1:
         from ..lse_merge import combine_splits
 

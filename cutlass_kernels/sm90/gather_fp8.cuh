@@ -1,0 +1,211 @@
+// The gather of an FP8 e4m3 cache: 576-byte KV rows into the same 128-byte-swizzled 16-bit tiles
+// as gather.cuh (the GEMMs run in q's dtype), dequantized in shared memory by the gather
+// warpgroup. A thread copies each 16-byte piece (16 e4m3 values) with cp.async into one of the two
+// 16-byte units of the tile that will hold those 16 values, waits for its own copies, and
+// converts the piece into both units (exact: every e4m3 value is a bf16 and an fp16 value). The
+// per-tensor scale is not applied here but to the logits and the output (verify_attention.cuh).
+// So that the conversion of one part overlaps the copies of the next, each part is a cp.async
+// commit group, converted while the next one is in flight.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "gather.cuh"
+#include "traits.cuh"
+#include "wait_clocks.cuh"
+
+namespace ddtree::sm90 {
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// This thread's cp.async groups complete, all but the newest kPending.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Two e4m3 values (the low byte first) as two 16-bit values of Element, the first in the low half.
+template <class Element>
+__device__ __forceinline__ uint32_t e4m3x2_to(uint16_t two) {
+  const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3));
+  if constexpr (cute::is_same_v<Element, cutlass::half_t>) {
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    static_assert(cute::is_same_v<Element, cutlass::bfloat16_t>, "bf16 or fp16");
+    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+
+// Eight e4m3 values (two words) as eight 16-bit values (one 16-byte unit).
+template <class Element>
+__device__ __forceinline__ uint4 e4m3x8_to(uint32_t lo, uint32_t hi) {
+  return make_uint4(e4m3x2_to<Element>(lo & 0xffff), e4m3x2_to<Element>(lo >> 16), e4m3x2_to<Element>(hi & 0xffff),
+                    e4m3x2_to<Element>(hi >> 16));
+}
+
+// One gather thread's share of a 64-row FP8 tile. Rows as in GatherThread (warp w, lane l: rows
+// 16 w + 4 i + l / 8); the 8 lanes of a row take its 128 columns of two chunks at once: lane
+// piece p = l % 8 copies 16 columns (16 bytes) at 16 (p % 4) of chunk 2 s + p / 4, i.e. 128
+// contiguous bytes a row, four rows a warp instruction. The rope chunk (64 columns) takes half
+// the lanes per row: lanes p < 4 rows i = 0, 1, lanes p >= 4 rows i = 2, 3. A piece stages in
+// the unit of its half selected by p / 4 (`odd`) and the converted halves are stored staged unit
+// first, so that the 8 lanes of a row touch 8 different bank groups in every shared access.
+template <class Traits>
+struct Fp8GatherThread {
+  using Element = typename Traits::Element;
+  static constexpr int kChunkBytes = Traits::kKeys * Traits::kChunkCols * int(sizeof(Element));
+  static constexpr int kRopeChunk = Traits::kColumnChunks - 1;
+  static_assert(kRopeChunk == 8 && Traits::kChunkCols == 64, "two chunks of 64 columns make a row's 128 bytes");
+
+  // Few registers (the gather warpgroup has 56): the rest is derived where it is used.
+  int src_col;     // the piece's first byte in a row's 128-byte pair of chunks: 64 odd + 16 (p % 4)
+  uint32_t staged; // its staged unit in chunk `odd` of a tile, row first_row (the rows' i = 0)
+
+  __device__ __forceinline__ explicit Fp8GatherThread(int wg_thread)
+      : src_col(64 * ((wg_thread % 8) / 4) + 16 * (wg_thread % 4)),
+        staged(uint32_t(odd() * kChunkBytes) + p_tile_byte_offset((wg_thread / 32) * 16 + (wg_thread % 32) / 8, src_col % 64 + 8 * odd())) {}
+
+  __device__ __forceinline__ int odd() const { return src_col / 64; }
+
+  // Row i's staged unit relative to row 0's: 4 rows down is 512 bytes and the swizzle's unit XOR 4.
+  __device__ __forceinline__ static uint32_t row_unit(uint32_t unit0, int i) {
+    return (i / 2) * 1024 + (i % 2 ? (unit0 ^ 64u) + 512 : unit0);
+  }
+
+  // Calls f(tile offset of the staged unit, row i, byte column) for this thread's pieces in chunks
+  // [kFirst, kLast) (kFirst even).
+  template <int kFirst, int kLast, class F>
+  __device__ __forceinline__ void for_each_piece(F&& f) const {
+    // Opaque copies: addresses derived from them are made here, not hoisted out of the pair loop
+    // and held across it (that spills).
+    uint32_t staged = this->staged;
+    int src_col = this->src_col;
+    asm volatile("mov.b32 %0, %0;" : "+r"(staged));
+    asm volatile("mov.b32 %0, %0;" : "+r"(src_col));
+    const int odd = src_col / 64;
+    CUTE_UNROLL
+    for (int pair = kFirst / 2; pair < min(kLast, kRopeChunk) / 2; ++pair) {
+      CUTE_UNROLL
+      for (int i = 0; i < 4; ++i) f(pair * 2 * kChunkBytes + row_unit(staged, i), i, pair * 128 + src_col);
+    }
+    if constexpr (kLast > kRopeChunk) {  // rows i = k + 2 odd, their 16 (p % 4) columns of the rope
+      const uint32_t rope = kRopeChunk * kChunkBytes + staged - odd * (kChunkBytes - 1024);
+      CUTE_UNROLL
+      for (int k = 0; k < 2; ++k) f(row_unit(rope, k), -1 - k, kRopeChunk * 64 + src_col % 64);
+    }
+  }
+
+  // Copies this thread's pieces of chunks [kFirst, kLast) (slot < 0: zeros) as one commit group.
+  template <int kFirst, int kLast>
+  __device__ __forceinline__ void copy(uint32_t tile, const uint8_t* kv, int64_t kv_stride, const int (&slot)[4]) const {
+    for_each_piece<kFirst, kLast>([&](uint32_t at, int i, int col) {
+      // i < 0: rope row k = -1 - i, i.e. row k + 2 odd
+      const int s = i >= 0 ? slot[i] : (odd() ? slot[1 - i] : slot[-1 - i]);
+      cp_async_16(tile + at, kv + int64_t(s < 0 ? 0 : s) * kv_stride + col, s >= 0);
+    });
+    cp_async_commit();
+  }
+
+  // Converts this thread's landed pieces of chunks [kFirst, kLast) in place and signals the
+  // chunks on chunk_full (after a fence: generic writes -> the GEMMs' async-proxy reads).
+  template <int kFirst, int kLast>
+  __device__ __forceinline__ void convert(uint32_t tile, uint64_t* chunk_full) const {
+    const bool is_odd = odd();
+    for_each_piece<kFirst, kLast>([&](uint32_t at, int, int) {
+      uint4 raw;
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+                   : "r"(tile + at));
+      // The staged unit takes the piece's half selected by `odd`, the other unit the rest.
+      const uint4 mine = e4m3x8_to<Element>(is_odd ? raw.z : raw.x, is_odd ? raw.w : raw.y);
+      const uint4 rest = e4m3x8_to<Element>(is_odd ? raw.x : raw.z, is_odd ? raw.y : raw.w);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile + at), "r"(mine.x), "r"(mine.y), "r"(mine.z),
+                   "r"(mine.w)
+                   : "memory");
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"((tile + at) ^ 16u), "r"(rest.x), "r"(rest.y), "r"(rest.z),
+                   "r"(rest.w)
+                   : "memory");
+    });
+    cutlass::arch::fence_view_async_shared();
+    CUTE_UNROLL
+    for (int c = kFirst; c < kLast; ++c) cutlass::arch::ClusterBarrier::arrive(&chunk_full[c]);
+  }
+};
+
+// gather_segment for an FP8 cache: the same parts in the same order, each converted one part
+// later, while the next part's copies are in flight (the last two at the pair's end).
+template <class Traits>
+__device__ __forceinline__ void gather_segment_fp8(const GatherPlan<Traits, uint8_t>& plan, uint32_t smem_k,
+                                                   typename Traits::SharedState& st, int pairs_done, int wg_thread) {
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using State = typename Traits::SharedState;
+  constexpr uint32_t kStageBytes = Traits::kSmemK;
+  const GatherThread<Traits> rows(wg_thread);
+  const Fp8GatherThread<Traits> f(wg_thread);
+  const uint32_t stage0 = smem_k, stage1 = smem_k + kStageBytes;
+  const bool warp_leader = wg_thread % 32 == 0;
+
+  const int num_pairs = (plan.num_tiles + 1) / 2;
+  const WaitClock clock = wait_clock(st, Traits::kGatherWarpgroup, wg_thread);
+  auto wait_release = [&](int group, int released) {
+    const long long waited = clock.now();
+    Barrier::wait(&st.chunk_empty[group], released);
+    clock.add(kLoadWait, waited);
+  };
+  int slot[2][4];
+  auto load_slots = [&](int pair) {
+    CUTE_UNROLL
+    for (int t = 0; t < 2; ++t) {
+      CUTE_UNROLL
+      for (int i = 0; i < 4; ++i) slot[t][i] = plan.slot_of(2 * pair + t, rows.row(i));
+    }
+  };
+  load_slots(0);
+  for (int pair = 0; pair < num_pairs; ++pair) {
+    const long long pair_start = clock.now();
+    const int global_pair = pairs_done + pair;
+    const int released = (global_pair - 1) & 1;
+    const bool wait = pair > 0;
+    const WaitClock pair_clock = clock.at_pair(global_pair, true);
+    pair_clock.mark(kTracePairStart);
+
+    if (wait) wait_release(State::kStage0Low, released);
+    pair_clock.mark(kTraceGroup0Acquired);
+    rows.publish_key_slots(slot[0], wg_thread, st.key_slots[global_pair & 1][0]);
+    f.template copy<0, 4>(stage0, plan.kv, plan.kv_stride, slot[0]);
+    pair_clock.mark(kTraceGroup0Issued);
+    if (wait) wait_release(State::kStage1High, released);
+    pair_clock.mark(kTraceGroup1Acquired);
+    rows.publish_key_slots(slot[1], wg_thread, st.key_slots[global_pair & 1][1]);
+    f.template copy<4, 9>(stage1, plan.kv, plan.kv_stride, slot[1]);
+    pair_clock.mark(kTraceGroup1Issued);
+    cp_async_wait<1>();
+    f.template convert<0, 4>(stage0, st.chunk_full[0]);
+    if (warp_leader) Barrier::arrive(&st.chunk_full[0][0]);  // after this warp's key bits
+    if (wait) wait_release(State::kStage0High, released);
+    pair_clock.mark(kTraceGroup2Acquired);
+    f.template copy<4, 9>(stage0, plan.kv, plan.kv_stride, slot[0]);
+    pair_clock.mark(kTraceGroup2Issued);
+    cp_async_wait<1>();
+    f.template convert<4, 9>(stage1, st.chunk_full[1]);
+    if (warp_leader) Barrier::arrive(&st.chunk_full[1][0]);
+    if (wait) wait_release(State::kStage1Low, released);
+    pair_clock.mark(kTraceGroup3Acquired);
+    f.template copy<0, 4>(stage1, plan.kv, plan.kv_stride, slot[1]);
+    pair_clock.mark(kTraceGroup3Issued);
+
+    load_slots(pair + 1);
+    cp_async_wait<1>();
+    f.template convert<4, 9>(stage0, st.chunk_full[0]);
+    cp_async_wait<0>();
+    f.template convert<0, 4>(stage1, st.chunk_full[1]);
+    clock.add(kPairCycles, pair_start);
+    clock.count(kPairs);
+  }
+}
+
+}  // namespace ddtree::sm90
