@@ -8,8 +8,6 @@
 // commit group, converted while the next one is in flight.
 #pragma once
 
-#include <cuda_fp8.h>
-
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
@@ -27,24 +25,46 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// Two e4m3 values (the low byte first) as two 16-bit values of Element, the first in the low half.
+// e4m3 -> 16-bit conversion with integer operations (the F2FP conversions run at a quarter of
+// their rate): an e4m3 byte's magnitude bits, shifted into a 16-bit float's exponent and
+// mantissa, give the value times 2^-120 in bf16 (2^-8 in fp16) exactly, subnormals included;
+// one multiply by the inverse power of two (exact, subnormals kept: bf16 arithmetic has no
+// flush) restores it. kE4m3Rescale: that power.
 template <class Element>
-__device__ __forceinline__ uint32_t e4m3x2_to(uint16_t two) {
-  const __half2 h = __half2(__nv_cvt_fp8x2_to_halfraw2(two, __NV_E4M3));
-  if constexpr (cute::is_same_v<Element, cutlass::half_t>) {
-    return *reinterpret_cast<const uint32_t*>(&h);
+struct E4m3Bits;
+template <>
+struct E4m3Bits<cutlass::bfloat16_t> {
+  static constexpr int kShift = 4;                    // magnitude bits 8..14 -> 4..10
+  static constexpr uint32_t kMagnitude = 0x07f007f0u;
+  static constexpr uint32_t kRescale = 0x7b807b80u;   // bf16x2 (2^120, 2^120)
+};
+template <>
+struct E4m3Bits<cutlass::half_t> {
+  static constexpr int kShift = 1;                    // magnitude bits 8..14 -> 7..13
+  static constexpr uint32_t kMagnitude = 0x3f803f80u;
+  static constexpr uint32_t kRescale = 0x5c005c00u;   // f16x2 (2^8, 2^8)
+};
+
+// Bytes b0, b1 of `pair_at_high_bytes` (= b1 << 24 | b0 << 8) as two 16-bit Elements, b0 low.
+template <class Element>
+__device__ __forceinline__ uint32_t e4m3x2_bits_to(uint32_t pair_at_high_bytes) {
+  using Bits = E4m3Bits<Element>;
+  const uint32_t scaled = ((pair_at_high_bytes >> Bits::kShift) & Bits::kMagnitude) | (pair_at_high_bytes & 0x80008000u);
+  uint32_t value;
+  if constexpr (cute::is_same_v<Element, cutlass::bfloat16_t>) {
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(value) : "r"(scaled), "r"(Bits::kRescale));
   } else {
-    static_assert(cute::is_same_v<Element, cutlass::bfloat16_t>, "bf16 or fp16");
-    const __nv_bfloat162 b = __float22bfloat162_rn(__half22float2(h));
-    return *reinterpret_cast<const uint32_t*>(&b);
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(value) : "r"(scaled), "r"(Bits::kRescale));
   }
+  return value;
 }
 
-// Eight e4m3 values (two words) as eight 16-bit values (one 16-byte unit).
+// Eight e4m3 values (two words, the first value in the low byte) as one 16-byte unit of Element.
 template <class Element>
 __device__ __forceinline__ uint4 e4m3x8_to(uint32_t lo, uint32_t hi) {
-  return make_uint4(e4m3x2_to<Element>(lo & 0xffff), e4m3x2_to<Element>(lo >> 16), e4m3x2_to<Element>(hi & 0xffff),
-                    e4m3x2_to<Element>(hi >> 16));
+  // __byte_perm selectors: bytes (0, 1) and (2, 3) of a word to the high bytes of its halves.
+  return make_uint4(e4m3x2_bits_to<Element>(__byte_perm(lo, 0, 0x1404)), e4m3x2_bits_to<Element>(__byte_perm(lo, 0, 0x3424)),
+                    e4m3x2_bits_to<Element>(__byte_perm(hi, 0, 0x1404)), e4m3x2_bits_to<Element>(__byte_perm(hi, 0, 0x3424)));
 }
 
 // One gather thread's share of a 64-row FP8 tile. Rows as in GatherThread (warp w, lane l: rows
