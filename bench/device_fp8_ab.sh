@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# FP8 gather variants A/B in one device call: trees under .snap/ (bench/snapshot_trees.sh), built
+# in parallel; the first tree's FP8 sm90 tests (${FP8_TESTS}); then, per tree one after another,
+# the whole step with the bf16 cache and with the FP8 cache (bench/paged_fp8.py's slot layouts,
+# backend sm90) on ${FP8_CASES}, as the ratio fp8 / bf16 within each tree; with TRITON_TOO=1 the
+# first tree's Triton kernel on the FP8 cache too (the backend `auto` chose for FP8 before).
+#   run(command="bash bench/device_fp8_ab.sh int raw", carry=[".whl", ".snap"])
+# Writes under $OUT: build.log, tests.log, steps_<tree>.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+source bench/device_common.sh
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+export PYTHONUNBUFFERED=1
+for tree in "$@"; do
+  in_snap_tree "$tree" timeout "${BUILD_TIMEOUT:-400}" python3 "$root/bench/build_libraries.py" > "/tmp/build_$tree.log" 2>&1 &
+done
+wait
+for f in /tmp/build_*.log; do echo "== $f"; grep -v DEBUG "$f" | tail -n 3; done > "$OUT/build.log"
+echo "built at $SECONDS s"
+in_snap_tree "$1" timeout "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider ${FP8_TESTS:-tests/test_fp8.py -k sm90} \
+  > "$OUT/tests.log" 2>&1
+tail -n 2 "$OUT/tests.log"
+echo "tested at $SECONDS s"
+cases=${FP8_CASES:-H16_n4_B8_P8192,H16_n4_B32_P8192,dsv3_H16_chain4_B64_P4k,H16_n16_B32_P8192,H128_n64_B8_P8192}
+for tree in "$@"; do
+  echo "== $tree"
+  in_snap_tree "$tree" timeout "${GRID_S:-150}" python3 - "$cases" "$([ "$tree" = "$1" ] && echo "${TRITON_TOO:-0}")" <<'PY' 2>&1 | grep -v DEBUG | tee "$OUT/steps_$tree.txt"
+import sys
+from bench.cases import all_cases
+from bench.paged_fp8 import step_launches
+from bench.verify import input_set_count, time_graph
+names = set(sys.argv[1].split(","))
+for case in all_cases():
+    if case.name in names:
+        sets = input_set_count(case)
+        t = {v: time_graph([step_launches(case, v, "sm90", seed) for seed in range(sets)]) for v in ("slot", "slot_fp8")}
+        line = f"{case.name:28s} bf16 {t['slot'] * 1e6:8.1f}us  fp8 {t['slot_fp8'] * 1e6:8.1f}us  fp8/bf16 {t['slot_fp8'] / t['slot']:.3f}"
+        if sys.argv[2] == "1":
+            triton = time_graph([step_launches(case, "slot_fp8", "triton", seed) for seed in range(sets)])
+            line += f"  triton fp8 {triton * 1e6:8.1f}us ({triton / t['slot']:.3f} of sm90 bf16)"
+        print(line, flush=True)
+PY
+done
