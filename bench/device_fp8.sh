@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # The FP8 (e4m3) cache on the H200 in one device call: builds this tree's libraries, runs the FP8
-# GPU tests (tests/test_fp8.py, the FP8 cases of tests/test_paged.py), then times the whole step
+# GPU tests and the sm90 ones (${FP8_TESTS}, in ${PROCESSES:-8} processes), then times the whole step
 # in the four layouts (bench/paged_fp8.py: slot and paged, bf16 and FP8) for each backend of
 # ${FP8_BACKENDS:-sm90} on ${FP8_CASES} (default: memory- and compute-bound shapes).
 #   run(command="bash bench/device_fp8.sh", carry=[".whl"])
-# Writes under $OUT: build.log, tests.log, steps.txt.
+# Writes under $OUT: build.log, tests.log (and test_logs/), steps.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DDTREE_CACHE_DIR=/tmp/ddc_fp8
 timeout "${BUILD_TIMEOUT:-400}" python3 bench/build_libraries.py > "$OUT/build.log" 2>&1 || { tail -n 40 "$OUT/build.log"; exit 1; }
 echo "built at $SECONDS s"
-timeout "${TEST_S:-200}" python3 -m pytest -q -p no:cacheprovider ${FP8_TESTS:-tests/test_fp8.py tests/test_paged.py -k fp8} \
+timeout $(( ${TEST_S:-240} + 40 )) python3 -m bench.parallel_tests --processes "${PROCESSES:-8}" --timeout "${TEST_S:-240}" \
+  --log-dir "$OUT/test_logs" ${FP8_TESTS:-tests/test_fp8.py tests/test_paged.py tests/test_gpu_sm90.py tests/test_gpu_persistent.py} \
   > "$OUT/tests.log" 2>&1
-tail -n 3 "$OUT/tests.log"
-grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -n 20
+tail -n 4 "$OUT/tests.log"
+grep -hE "^(FAILED|ERROR)" "$OUT"/test_logs/* 2>/dev/null | head -n 20
 echo "tested at $SECONDS s"
 cases=${FP8_CASES:-H16_n4_B8_P8192,H16_n4_B32_P8192,H16_n4_B32_P1024,dsv3_H16_chain4_B64_P4k,H16_n16_B32_P8192,H128_n4_B32_P8192,H128_n64_B8_P8192}
 for backend in ${FP8_BACKENDS:-sm90}; do

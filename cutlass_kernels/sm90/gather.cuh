@@ -75,18 +75,6 @@ __device__ __forceinline__ void gather_q(uint32_t smem_q, const typename Traits:
   cutlass::arch::cpasync_barrier_arrive_noinc(q_full);
 }
 
-// Which of a warp's 16 rows 4 i + l / 8 (lane l, i = 0..3, slot[i] the lane's) have a slot: bit
-// 4 i + r for row 4 i + r (lanes 0, 8, 16, 24 hold r = 0..3).
-__device__ __forceinline__ uint16_t warp_key_bits(const int* slot) {
-  uint32_t bits = 0;
-  CUTE_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t b = __ballot_sync(0xffffffff, slot[i] >= 0);
-    bits |= ((b & 1u) | ((b >> 7) & 2u) | ((b >> 14) & 4u) | ((b >> 21) & 8u)) << (4 * i);
-  }
-  return static_cast<uint16_t>(bits);
-}
-
 // One gather thread's share of a 64-row, 576-column KV tile (Traits::SmemLayoutK): in warp w,
 // lane l copies 16-byte piece l % 8 of rows 16 w + 4 i + l / 8 (i = 0..3) in every 64-column
 // chunk, so each warp instruction reads four whole 128-byte lines (four rows of one chunk): the
@@ -155,8 +143,13 @@ struct GatherThread {
   // Which of the tile's 64 keys have a slot (bit k: key k): each warp publishes the 16 bits of
   // its rows (lanes 0, 8, 16, 24 hold rows 16 w + 4 i + 0..3); the reader loads all four at once.
   __device__ __forceinline__ void publish_key_slots(const int (&slot)[4], int wg_thread, uint16_t* key_bits) const {
-    const uint16_t bits = warp_key_bits(slot);
-    if (wg_thread % 32 == 0) key_bits[wg_thread / 32] = bits;
+    uint32_t bits = 0;
+    CUTE_UNROLL
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const uint32_t b = __ballot_sync(0xffffffff, slot[i] >= 0);
+      bits |= ((b & 1u) | ((b >> 7) & 2u) | ((b >> 14) & 4u) | ((b >> 21) & 8u)) << (4 * i);
+    }
+    if (wg_thread % 32 == 0) key_bits[wg_thread / 32] = static_cast<uint16_t>(bits);
   }
 
   // True in all 128 gather threads when every row's slot is first + row (the tile is rows
