@@ -17,6 +17,12 @@
 
 namespace ddtree::sm90 {
 
+// f(Int<0>{}), ..., f(Int<N - 1>{}): a loop whose index is a compile-time constant.
+template <int N, class F>
+__device__ __forceinline__ void for_each_index(F&& f) {
+  [&]<int... k>(cute::integer_sequence<int, k...>) { (f(cute::Int<k>{}), ...); }(cute::make_integer_sequence<int, N>{});
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // This thread's cp.async groups complete, all but the newest kPending.
@@ -96,8 +102,34 @@ struct Fp8GatherThread {
     return (i / 2) * 1024 + (i % 2 ? (unit0 ^ 64u) + 512 : unit0);
   }
 
+  // 128-column pairs of chunks in chunks [first, last)
+  static constexpr int chunk_pairs(int first, int last) { return ((last < kRopeChunk ? last : kRopeChunk) - first) / 2; }
+  // This thread's pieces in chunks [kFirst, kLast) (kFirst even): 4 rows in each 128-column pair
+  // of chunks, then 2 rope pieces.
+  template <int kFirst, int kLast>
+  static constexpr int kPieces = 4 * chunk_pairs(kFirst, kLast) + (kLast > kRopeChunk ? 2 : 0);
+
+  // Piece n's staged unit (tile offset), its row i (rope: encoded -1 - k, the row is k + 2 odd)
+  // and byte column; `staged` and `src_col` are the caller's opaque copies of the members.
+  template <int kFirst, int kLast, int n>
+  __device__ __forceinline__ static void piece(uint32_t staged, int src_col, uint32_t& at, int& i, int& col) {
+    constexpr int kPairPieces = 4 * chunk_pairs(kFirst, kLast);
+    if constexpr (n < kPairPieces) {
+      constexpr int pair = kFirst / 2 + n / 4;
+      i = n % 4;
+      at = pair * 2 * kChunkBytes + row_unit(staged, n % 4);
+      col = pair * 128 + src_col;
+    } else {  // rows k + 2 odd, their 16 (p % 4) columns of the rope
+      const int odd = src_col / 64;
+      const uint32_t rope = kRopeChunk * kChunkBytes + staged - odd * (kChunkBytes - 1024);
+      i = -1 - (n - kPairPieces);
+      at = row_unit(rope, n - kPairPieces);
+      col = kRopeChunk * 64 + src_col % 64;
+    }
+  }
+
   // Calls f(tile offset of the staged unit, row i, byte column) for this thread's pieces in chunks
-  // [kFirst, kLast) (kFirst even).
+  // [kFirst, kLast), in batches of kBatch: f_batch(batch start) once per batch, before its pieces.
   template <int kFirst, int kLast, class F>
   __device__ __forceinline__ void for_each_piece(F&& f) const {
     // Opaque copies: addresses derived from them are made here, not hoisted out of the pair loop
@@ -106,17 +138,12 @@ struct Fp8GatherThread {
     int src_col = this->src_col;
     asm volatile("mov.b32 %0, %0;" : "+r"(staged));
     asm volatile("mov.b32 %0, %0;" : "+r"(src_col));
-    const int odd = src_col / 64;
-    CUTE_UNROLL
-    for (int pair = kFirst / 2; pair < min(kLast, kRopeChunk) / 2; ++pair) {
-      CUTE_UNROLL
-      for (int i = 0; i < 4; ++i) f(pair * 2 * kChunkBytes + row_unit(staged, i), i, pair * 128 + src_col);
-    }
-    if constexpr (kLast > kRopeChunk) {  // rows i = k + 2 odd, their 16 (p % 4) columns of the rope
-      const uint32_t rope = kRopeChunk * kChunkBytes + staged - odd * (kChunkBytes - 1024);
-      CUTE_UNROLL
-      for (int k = 0; k < 2; ++k) f(row_unit(rope, k), -1 - k, kRopeChunk * 64 + src_col % 64);
-    }
+    for_each_index<kPieces<kFirst, kLast>>([&](auto n) {
+      uint32_t at;
+      int i, col;
+      piece<kFirst, kLast, decltype(n)::value>(staged, src_col, at, i, col);
+      f(at, i, col);
+    });
   }
 
   // Copies this thread's pieces of chunks [kFirst, kLast) (slot < 0: zeros) as one commit group.
@@ -131,24 +158,39 @@ struct Fp8GatherThread {
   }
 
   // Converts this thread's landed pieces of chunks [kFirst, kLast) in place and signals the
-  // chunks on chunk_full (after a fence: generic writes -> the GEMMs' async-proxy reads).
+  // chunks on chunk_full (after a fence: generic writes -> the GEMMs' async-proxy reads). The
+  // loads go in batches of kBatch ahead of their stores, so a batch waits for one load latency.
   template <int kFirst, int kLast>
   __device__ __forceinline__ void convert(uint32_t tile, uint64_t* chunk_full) const {
-    const bool is_odd = odd();
-    for_each_piece<kFirst, kLast>([&](uint32_t at, int, int) {
-      uint4 raw;
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
-                   : "r"(tile + at));
-      // The staged unit takes the piece's half selected by `odd`, the other unit the rest.
-      const uint4 mine = e4m3x8_to<Element>(is_odd ? raw.z : raw.x, is_odd ? raw.w : raw.y);
-      const uint4 rest = e4m3x8_to<Element>(is_odd ? raw.x : raw.z, is_odd ? raw.y : raw.w);
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile + at), "r"(mine.x), "r"(mine.y), "r"(mine.z),
-                   "r"(mine.w)
-                   : "memory");
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"((tile + at) ^ 16u), "r"(rest.x), "r"(rest.y), "r"(rest.z),
-                   "r"(rest.w)
-                   : "memory");
+    constexpr int kCount = kPieces<kFirst, kLast>, kBatch = 2;
+    uint32_t staged = this->staged;
+    int src_col = this->src_col;
+    asm volatile("mov.b32 %0, %0;" : "+r"(staged));
+    asm volatile("mov.b32 %0, %0;" : "+r"(src_col));
+    const bool is_odd = src_col / 64;
+    for_each_index<(kCount + kBatch - 1) / kBatch>([&](auto b) {
+      constexpr int kStart = decltype(b)::value * kBatch, kSize = kCount - kStart < kBatch ? kCount - kStart : kBatch;
+      uint32_t at[kSize];
+      uint4 raw[kSize];
+      for_each_index<kSize>([&](auto j) {
+        int i, col;
+        piece<kFirst, kLast, kStart + decltype(j)::value>(staged, src_col, at[j], i, col);
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(raw[j].x), "=r"(raw[j].y), "=r"(raw[j].z), "=r"(raw[j].w)
+                     : "r"(tile + at[j]));
+      });
+      for_each_index<kSize>([&](auto j) {
+        // The staged unit takes the piece's half selected by `odd`, the other unit the rest.
+        const uint4 r = raw[j];
+        const uint4 mine = e4m3x8_to<Element>(is_odd ? r.z : r.x, is_odd ? r.w : r.y);
+        const uint4 rest = e4m3x8_to<Element>(is_odd ? r.x : r.z, is_odd ? r.y : r.w);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(tile + at[j]), "r"(mine.x), "r"(mine.y), "r"(mine.z),
+                     "r"(mine.w)
+                     : "memory");
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"((tile + at[j]) ^ 16u), "r"(rest.x), "r"(rest.y),
+                     "r"(rest.z), "r"(rest.w)
+                     : "memory");
+      });
     });
     cutlass::arch::fence_view_async_shared();
     CUTE_UNROLL
