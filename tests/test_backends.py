@@ -28,6 +28,22 @@ def test_sm90_accepts_aligned_rows_only():
     assert not sm90_accepts(q, kv, _bf16(4, 2, 514)[..., 2:])  # out rows only 4-byte aligned
 
 
+def test_sm90_accepts_fp8_rows_in_bytes():
+    """An e4m3 cache's rows are 576 bytes: the 16-byte rule counts bytes, not elements."""
+    from ddtree_op.backends import InputClass
+    from ddtree_op.backends.sm90 import accepts
+
+    q, out = _bf16(4, 2, 576), _bf16(4, 2, 512)
+    fp8 = torch.zeros(10, 592, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    assert sm90_accepts(q, fp8[:, :576], out)  # row stride 592 bytes
+    assert sm90_accepts(q, fp8[:, 16:592], out)
+    assert not sm90_accepts(q, torch.zeros(10, 584, dtype=torch.uint8).view(torch.float8_e4m3fn)[:, :576], out)  # 584 bytes
+    assert not sm90_accepts(q, fp8[:, 8:584], out)  # base pointer 8 bytes off
+    assert accepts(InputClass(torch.bfloat16, torch.float8_e4m3fn, True))
+    assert accepts(InputClass(torch.float16, torch.float8_e4m3fn, True))
+    assert not accepts(InputClass(torch.bfloat16, torch.float8_e4m3fn, False))
+
+
 def test_auto_uses_triton_where_the_cutlass_headers_are_missing(monkeypatch, fresh_dispatch):
     from ddtree_op import backends, build
 
