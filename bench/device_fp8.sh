@@ -4,7 +4,8 @@
 # in the four layouts (bench/paged_fp8.py: slot and paged, bf16 and FP8) for each backend of
 # ${FP8_BACKENDS:-sm90} on ${FP8_CASES} (default: memory- and compute-bound shapes).
 #   run(command="bash bench/device_fp8.sh", carry=[".whl"])
-# Writes under $OUT: build.log, tests.log (and test_logs/), steps.txt.
+# SANITIZE=1: compute-sanitizer memcheck and racecheck on the sm90 FP8 kernels; GRID_S=0: no timing.
+# Writes under $OUT: build.log, tests.log (and test_logs/), sanitizers.log, steps.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
@@ -17,6 +18,14 @@ timeout $(( ${TEST_S:-240} + 40 )) python3 -m bench.parallel_tests --processes "
 tail -n 4 "$OUT/tests.log"
 grep -hE "^(FAILED|ERROR)" "$OUT"/test_logs/* 2>/dev/null | head -n 20
 echo "tested at $SECONDS s"
+if [ "${SANITIZE:-0}" = 1 ]; then  # memcheck, then racecheck, on the sm90 FP8 kernels in all four schedules
+  for tool in memcheck racecheck; do
+    timeout "${SANITIZE_S:-60}" compute-sanitizer --tool $tool --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+      tests/test_fp8.py -k "sm90_schedules and 4000" 2>&1 | grep -v DEBUG | tail -n 12
+  done | tee "$OUT/sanitizers.log"
+  echo "sanitized at $SECONDS s"
+fi
+[ "${GRID_S:-200}" = 0 ] && exit 0
 cases=${FP8_CASES:-H16_n4_B8_P8192,H16_n4_B32_P8192,H16_n4_B32_P1024,dsv3_H16_chain4_B64_P4k,H16_n16_B32_P8192,H128_n4_B32_P8192,H128_n64_B8_P8192}
 for backend in ${FP8_BACKENDS:-sm90}; do
   echo "== $backend"
