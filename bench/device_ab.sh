@@ -53,10 +53,11 @@ PYTHONPATH=$root python3 -m bench.compare_runs "${specs[@]}" --columns "$columns
 grep -E "^sm90|^paged|^prepare|^step" "$OUT/ab.txt"
 if [ "${WAIT_CLOCKS:-0}" = 1 ]; then
   for tree in "$@"; do
-    for case in "H128_n64_B8_P8192 paged:sm90" "H128_n64_B8_P8192 sm90" "H16_n4_B1_P1024 sm90"; do
-      read -r shape backend <<< "$case"
-      echo "== $tree $shape $backend"
-      in_tree "$tree" _wc -DDDTREE_WAIT_CLOCKS timeout 40 python3 -m bench.profile_case "$shape" --backend "$backend" --iters 1 2>&1 \
+    for case in "H128_n64_B8_P8192 paged:sm90" "H128_n64_B8_P8192 sm90" "H16_n4_B1_P1024 sm90" "H128_n64_B8_P8192 sm90 --fp8" \
+                "H16_n4_B8_P8192 sm90 --fp8"; do
+      read -r shape backend extra <<< "$case"
+      echo "== $tree $shape $backend $extra"
+      in_tree "$tree" _wc -DDDTREE_WAIT_CLOCKS timeout 40 python3 -m bench.profile_case "$shape" --backend "$backend" $extra --iters 1 2>&1 \
         | grep -E "^(wait_clocks|trace) cta0"
     done
   done > "$OUT/wait_clocks.log"

@@ -4,6 +4,7 @@
   python -m bench.profile_case H16_n4_B1_P1024 --kernels   # per-kernel GPU time inside graph replays
   python -m bench.profile_case H16_n4_B1_P1024 --kernels --step   # the same for the whole step
   python -m bench.profile_case H16_n16_B32_P8192 --schedule persistent   # the sm90 kernel auto does not pick
+  python -m bench.profile_case H16_n4_B8_P8192 --fp8   # the whole step with an e4m3 cache (bench/paged_fp8.py)
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def main(argv=None):
     parser.add_argument("--step", action="store_true", help="the whole step (preparation + attention), not the attention alone")
     parser.add_argument("--schedule", choices=["auto", "split", "persistent"], default="auto",
                         help="the sm90 kernel's schedule: auto's choice from shapes, or one forced")
+    parser.add_argument("--fp8", action="store_true",
+                        help="the whole step with an FP8 e4m3 cache (slots, or pages with paged:BACKEND)")
     args = parser.parse_args(argv)
     if args.schedule != "auto":  # as bench/time_schedules.py forces it
         import ddtree_op.backends.sm90.attention as sm90_attention
@@ -52,7 +55,13 @@ def main(argv=None):
     case = next((c for c in all_cases() if c.name == args.case), None)
     if case is None:
         raise SystemExit(f"unknown case {args.case!r}")
-    def attention(inputs):
+    def launch_for(seed):
+        if args.fp8:
+            from bench.paged_fp8 import step_launches
+
+            paged = args.backend.startswith("paged:")
+            return step_launches(case, "paged_fp8" if paged else "slot_fp8", args.backend.split(":", 1)[-1], seed)
+        inputs = Inputs(case, seed)
         if args.backend == "flashmla":
             return inputs.flashmla()
         if args.backend.startswith("paged:"):
@@ -61,9 +70,9 @@ def main(argv=None):
         return inputs.whole_step(args.backend) if args.step else inputs.attention(args.backend)
 
     if args.kernels:
-        kernel_times([attention(Inputs(case, seed)) for seed in range(args.sets)])
+        kernel_times([launch_for(seed) for seed in range(args.sets)])
         return
-    launch = attention(Inputs(case, seed=0))
+    launch = launch_for(0)
     for _ in range(args.iters):
         launch()
     torch.cuda.synchronize()
