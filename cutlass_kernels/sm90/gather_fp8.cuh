@@ -129,16 +129,22 @@ struct Fp8GatherThread {
     }
   }
 
-  // Calls f(tile offset of the staged unit, row i, byte column) for this thread's pieces in chunks
-  // [kFirst, kLast), in batches of kBatch: f_batch(batch start) once per batch, before its pieces.
-  template <int kFirst, int kLast, class F>
-  __device__ __forceinline__ void for_each_piece(F&& f) const {
-    // Opaque copies: addresses derived from them are made here, not hoisted out of the pair loop
-    // and held across it (that spills).
-    uint32_t staged = this->staged;
-    int src_col = this->src_col;
+  // Opaque copies of the members: addresses derived from them are made where they are used, not
+  // hoisted out of the pair loop and held across it (that spills).
+  __device__ __forceinline__ void opaque_members(uint32_t& staged, int& src_col) const {
+    staged = this->staged;
+    src_col = this->src_col;
     asm volatile("mov.b32 %0, %0;" : "+r"(staged));
     asm volatile("mov.b32 %0, %0;" : "+r"(src_col));
+  }
+
+  // Calls f(tile offset of the staged unit, row i, byte column) for this thread's pieces in chunks
+  // [kFirst, kLast).
+  template <int kFirst, int kLast, class F>
+  __device__ __forceinline__ void for_each_piece(F&& f) const {
+    uint32_t staged;
+    int src_col;
+    opaque_members(staged, src_col);
     for_each_index<kPieces<kFirst, kLast>>([&](auto n) {
       uint32_t at;
       int i, col;
@@ -163,11 +169,10 @@ struct Fp8GatherThread {
   // loads go in batches of kBatch ahead of their stores, so a batch waits for one load latency.
   template <int kFirst, int kLast>
   __device__ __forceinline__ void convert(uint32_t tile, uint64_t* chunk_full) const {
-    constexpr int kCount = kPieces<kFirst, kLast>, kBatch = 2;
-    uint32_t staged = this->staged;
-    int src_col = this->src_col;
-    asm volatile("mov.b32 %0, %0;" : "+r"(staged));
-    asm volatile("mov.b32 %0, %0;" : "+r"(src_col));
+    constexpr int kCount = kPieces<kFirst, kLast>, kBatch = 2;  // 4 spills
+    uint32_t staged;
+    int src_col;
+    opaque_members(staged, src_col);
     const bool is_odd = src_col / 64;
     for_each_index<(kCount + kBatch - 1) / kBatch>([&](auto b) {
       constexpr int kStart = decltype(b)::value * kBatch, kSize = kCount - kStart < kBatch ? kCount - kStart : kBatch;
