@@ -17,12 +17,6 @@
 
 namespace ddtree::sm90 {
 
-// f(Int<0>{}), ..., f(Int<N - 1>{}): a loop whose index is a compile-time constant.
-template <int N, class F>
-__device__ __forceinline__ void for_each_index(F&& f) {
-  [&]<int... k>(cute::integer_sequence<int, k...>) { (f(cute::Int<k>{}), ...); }(cute::make_integer_sequence<int, N>{});
-}
-
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // This thread's cp.async groups complete, all but the newest kPending.
@@ -145,7 +139,7 @@ struct Fp8GatherThread {
     uint32_t staged;
     int src_col;
     opaque_members(staged, src_col);
-    for_each_index<kPieces<kFirst, kLast>>([&](auto n) {
+    cute::for_each(cute::make_int_sequence<kPieces<kFirst, kLast>>{}, [&](auto n) {
       uint32_t at;
       int i, col;
       piece<kFirst, kLast, decltype(n)::value>(staged, src_col, at, i, col);
@@ -174,18 +168,18 @@ struct Fp8GatherThread {
     int src_col;
     opaque_members(staged, src_col);
     const bool is_odd = src_col / 64;
-    for_each_index<(kCount + kBatch - 1) / kBatch>([&](auto b) {
+    cute::for_each(cute::make_int_sequence<(kCount + kBatch - 1) / kBatch>{}, [&](auto b) {
       constexpr int kStart = decltype(b)::value * kBatch, kSize = kCount - kStart < kBatch ? kCount - kStart : kBatch;
       uint32_t at[kSize];
       uint4 raw[kSize];
-      for_each_index<kSize>([&](auto j) {
+      cute::for_each(cute::make_int_sequence<kSize>{}, [&](auto j) {
         int i, col;
         piece<kFirst, kLast, kStart + decltype(j)::value>(staged, src_col, at[j], i, col);
         asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(raw[j].x), "=r"(raw[j].y), "=r"(raw[j].z), "=r"(raw[j].w)
                      : "r"(tile + at[j]));
       });
-      for_each_index<kSize>([&](auto j) {
+      cute::for_each(cute::make_int_sequence<kSize>{}, [&](auto j) {
         // The staged unit takes the piece's half selected by `odd`, the other unit the rest.
         const uint4 r = raw[j];
         const uint4 mine = e4m3x8_to<Element>(is_odd ? r.z : r.x, is_odd ? r.w : r.y);
