@@ -1,11 +1,13 @@
 // The gather of an FP8 e4m3 cache: 576-byte KV rows into the same 128-byte-swizzled 16-bit tiles
-// as gather.cuh (the GEMMs run in q's dtype), dequantized in shared memory by the gather
-// warpgroup. A thread copies each 16-byte piece (16 e4m3 values) with cp.async into one of the two
-// 16-byte units of the tile that will hold those 16 values, waits for its own copies, and
-// converts the piece into both units (exact: every e4m3 value is a bf16 and an fp16 value). The
+// as gather.cuh (the GEMMs run in q's dtype), widened in place in shared memory. A thread copies
+// each 16-byte piece (16 e4m3 values) with cp.async into one of the two 16-byte units of the tile
+// that will hold those 16 values; once it has landed, a thread with the same warpgroup index
+// widens the piece into both units (exact: every e4m3 value is a bf16 and an fp16 value). The
 // per-tensor scale is not applied here but to the logits and the output (verify_attention.cuh).
-// So that the conversion of one part overlaps the copies of the next, each part is a cp.async
-// commit group, converted while the next one is in flight.
+// Who widens (kFp8GemmWidenedGroups): the parts released mid-pair by the gather warpgroup, which
+// has time for them before the pair ends; the parts released at the pair's end, on which the next
+// S waits, by the GEMM warpgroup that reads them first, while its GEMM over the other part runs
+// (mainloop.cuh), so that the gather issues them as soon as they are released.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -147,7 +149,7 @@ struct Fp8GatherThread {
     });
   }
 
-  // Copies this thread's pieces of chunks [kFirst, kLast) (slot < 0: zeros) as one commit group.
+  // Copies this thread's pieces of chunks [kFirst, kLast) (slot < 0: zeros), uncommitted.
   template <int kFirst, int kLast>
   __device__ __forceinline__ void copy(uint32_t tile, const uint8_t* kv, int64_t kv_stride, const int (&slot)[4]) const {
     for_each_piece<kFirst, kLast>([&](uint32_t at, int i, int col) {
@@ -155,14 +157,22 @@ struct Fp8GatherThread {
       const int s = i >= 0 ? slot[i] : (odd() ? slot[1 - i] : slot[-1 - i]);
       cp_async_16(tile + at, kv + int64_t(s < 0 ? 0 : s) * kv_stride + col, s >= 0);
     });
-    cp_async_commit();
   }
 
-  // Converts this thread's landed pieces of chunks [kFirst, kLast) in place and signals the
-  // chunks on chunk_full (after a fence: generic writes -> the GEMMs' async-proxy reads). The
-  // loads go in batches of kBatch ahead of their stores, so a batch waits for one load latency.
+  // The same copies, each chunk's barrier completing when they have landed (still e4m3: the GEMM
+  // warpgroup widens them).
   template <int kFirst, int kLast>
-  __device__ __forceinline__ void convert(uint32_t tile, uint64_t* chunk_full) const {
+  __device__ __forceinline__ void copy_signalled(uint32_t tile, const uint8_t* kv, int64_t kv_stride, const int (&slot)[4],
+                                                 uint64_t* chunk_full) const {
+    copy<kFirst, kLast>(tile, kv, kv_stride, slot);
+    CUTE_UNROLL
+    for (int c = kFirst; c < kLast; ++c) cutlass::arch::cpasync_barrier_arrive_noinc(&chunk_full[c]);
+  }
+
+  // Widens this thread's landed pieces of chunks [kFirst, kLast) in place. The loads go in batches
+  // of kBatch ahead of their stores, so a batch waits for one load latency.
+  template <int kFirst, int kLast>
+  __device__ __forceinline__ void widen(uint32_t tile) const {
     constexpr int kCount = kPieces<kFirst, kLast>, kBatch = 2;  // 4 spills
     uint32_t staged;
     int src_col;
@@ -192,20 +202,36 @@ struct Fp8GatherThread {
                      : "memory");
       });
     });
+  }
+
+  // widen, then the chunks' barriers (after a fence: generic writes -> the GEMMs' async-proxy reads).
+  template <int kFirst, int kLast>
+  __device__ __forceinline__ void widen_and_signal(uint32_t tile, uint64_t* chunk_full) const {
+    widen<kFirst, kLast>(tile);
     cutlass::arch::fence_view_async_shared();
     CUTE_UNROLL
     for (int c = kFirst; c < kLast; ++c) cutlass::arch::ClusterBarrier::arrive(&chunk_full[c]);
   }
 };
 
-// gather_segment for an FP8 cache: the same parts in the same order, each converted one part
-// later, while the next part's copies are in flight (the last two at the pair's end).
+// How many of a stage's two release groups its GEMM warpgroup widens: 1, the group released at
+// the pair's end (the gather warpgroup widens the other); 2, both (the gather only copies).
+#ifndef DDTREE_FP8_GEMM_WIDENED_GROUPS
+#define DDTREE_FP8_GEMM_WIDENED_GROUPS 1
+#endif
+constexpr int kFp8GemmWidenedGroups = DDTREE_FP8_GEMM_WIDENED_GROUPS;
+static_assert(kFp8GemmWidenedGroups == 1 || kFp8GemmWidenedGroups == 2, "");
+
+// gather_segment for an FP8 cache: the same parts in the same order. The parts released mid-pair
+// are widened here (kFp8GemmWidenedGroups == 1) while the parts released at the pair's end wait;
+// those are copied as released and widened by their GEMM warpgroup.
 template <class Traits>
 __device__ __forceinline__ void gather_segment_fp8(const GatherPlan<Traits, uint8_t>& plan, uint32_t smem_k,
                                                    typename Traits::SharedState& st, int pairs_done, int wg_thread) {
   using Barrier = cutlass::arch::ClusterBarrier;
   using State = typename Traits::SharedState;
   constexpr uint32_t kStageBytes = Traits::kSmemK;
+  constexpr bool kWidenHere = kFp8GemmWidenedGroups == 1;
   const GatherThread<Traits> rows(wg_thread);
   const Fp8GatherThread<Traits> f(wg_thread);
   const uint32_t stage0 = smem_k, stage1 = smem_k + kStageBytes;
@@ -226,6 +252,11 @@ __device__ __forceinline__ void gather_segment_fp8(const GatherPlan<Traits, uint
       for (int i = 0; i < 4; ++i) slot[t][i] = plan.slot_of(2 * pair + t, rows.row(i));
     }
   };
+  // A stage's key bits, then its chunk 0's barrier from the warp's leader.
+  auto publish = [&](int global_pair, int stage) {
+    rows.publish_key_slots(slot[stage], wg_thread, st.key_slots[global_pair & 1][stage]);
+    if (warp_leader) Barrier::arrive(&st.chunk_full[stage][0]);
+  };
   load_slots(0);
   for (int pair = 0; pair < num_pairs; ++pair) {
     const long long pair_start = clock.now();
@@ -237,34 +268,47 @@ __device__ __forceinline__ void gather_segment_fp8(const GatherPlan<Traits, uint
 
     if (wait) wait_release(State::kStage0Low, released);
     pair_clock.mark(kTraceGroup0Acquired);
-    rows.publish_key_slots(slot[0], wg_thread, st.key_slots[global_pair & 1][0]);
-    f.template copy<0, 4>(stage0, plan.kv, plan.kv_stride, slot[0]);
+    publish(global_pair, 0);
+    if constexpr (kWidenHere) {
+      f.template copy<0, 4>(stage0, plan.kv, plan.kv_stride, slot[0]);
+      cp_async_commit();
+    } else {
+      f.template copy_signalled<0, 4>(stage0, plan.kv, plan.kv_stride, slot[0], st.chunk_full[0]);
+    }
     pair_clock.mark(kTraceGroup0Issued);
     if (wait) wait_release(State::kStage1High, released);
     pair_clock.mark(kTraceGroup1Acquired);
-    rows.publish_key_slots(slot[1], wg_thread, st.key_slots[global_pair & 1][1]);
-    f.template copy<4, 9>(stage1, plan.kv, plan.kv_stride, slot[1]);
+    publish(global_pair, 1);
+    if constexpr (kWidenHere) {
+      f.template copy<4, 9>(stage1, plan.kv, plan.kv_stride, slot[1]);
+      cp_async_commit();
+    } else {
+      f.template copy_signalled<4, 9>(stage1, plan.kv, plan.kv_stride, slot[1], st.chunk_full[1]);
+    }
     pair_clock.mark(kTraceGroup1Issued);
-    cp_async_wait<1>();
-    f.template convert<0, 4>(stage0, st.chunk_full[0]);
-    if (warp_leader) Barrier::arrive(&st.chunk_full[0][0]);  // after this warp's key bits
-    if (wait) wait_release(State::kStage0High, released);
-    pair_clock.mark(kTraceGroup2Acquired);
-    f.template copy<4, 9>(stage0, plan.kv, plan.kv_stride, slot[0]);
-    pair_clock.mark(kTraceGroup2Issued);
-    cp_async_wait<1>();
-    f.template convert<4, 9>(stage1, st.chunk_full[1]);
-    if (warp_leader) Barrier::arrive(&st.chunk_full[1][0]);
-    if (wait) wait_release(State::kStage1Low, released);
-    pair_clock.mark(kTraceGroup3Acquired);
-    f.template copy<0, 4>(stage1, plan.kv, plan.kv_stride, slot[1]);
-    pair_clock.mark(kTraceGroup3Issued);
-
+    // The end-of-pair parts are copied uncommitted (their barriers track them), so that the
+    // groups waited for below are the two above.
+    auto copy_end_parts = [&] {
+      if (wait) wait_release(State::kStage0High, released);
+      pair_clock.mark(kTraceGroup2Acquired);
+      f.template copy_signalled<4, 9>(stage0, plan.kv, plan.kv_stride, slot[0], st.chunk_full[0]);
+      pair_clock.mark(kTraceGroup2Issued);
+      if (wait) wait_release(State::kStage1Low, released);
+      pair_clock.mark(kTraceGroup3Acquired);
+      f.template copy_signalled<0, 4>(stage1, plan.kv, plan.kv_stride, slot[1], st.chunk_full[1]);
+      pair_clock.mark(kTraceGroup3Issued);
+    };
+    if constexpr (kWidenHere) {
+      if (!wait) copy_end_parts();  // the first pair's stages are empty: all copies at once
+      cp_async_wait<1>();
+      f.template widen_and_signal<0, 4>(stage0, st.chunk_full[0]);
+      cp_async_wait<0>();
+      f.template widen_and_signal<4, 9>(stage1, st.chunk_full[1]);
+      if (wait) copy_end_parts();
+    } else {
+      copy_end_parts();
+    }
     load_slots(pair + 1);
-    cp_async_wait<1>();
-    f.template convert<4, 9>(stage0, st.chunk_full[0]);
-    cp_async_wait<0>();
-    f.template convert<0, 4>(stage1, st.chunk_full[1]);
     clock.add(kPairCycles, pair_start);
     clock.count(kPairs);
   }

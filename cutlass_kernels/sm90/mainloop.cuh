@@ -22,6 +22,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "gather.cuh"  // read_key_slots
+#include "gather_fp8.cuh"
 #include "mask_policy.cuh"
 #include "numeric.cuh"  // unpack_pair, pack_pair
 #include "softmax.cuh"
@@ -32,7 +33,8 @@ namespace ddtree::sm90 {
 
 using namespace cute;
 
-enum PairBarrier : uint32_t { kEpilogueBarrier = 0, kScale0Ready = 1, kScale1Ready = 2, kP0Ready = 3, kP1Ready = 4 };
+// kWidened0 + w: warpgroup w's own barrier, its threads' widened FP8 pieces before its GEMM reads them.
+enum PairBarrier : uint32_t { kEpilogueBarrier = 0, kScale0Ready = 1, kScale1Ready = 2, kP0Ready = 3, kP1Ready = 4, kWidened0 = 5 };
 
 // Issues a warpgroup GEMM over all k-blocks (acc += A B) as one commit group; the caller waits.
 template <class TiledMma, class TA, class TB, class TC>
@@ -48,20 +50,29 @@ __device__ __forceinline__ void issue_warpgroup_gemm(TiledMma& mma, TA const& a,
 // S = Q K^T of one stage over the chunks in `Chunks`, in that order: the chunks of one release
 // group are waited for together, then one proxy fence (MEMBAR + FENCE.VIEW.ASYNC) makes them
 // visible to the tensor cores, and their GEMMs issue while the next group may still be landing.
+// kWiden: the group has landed as e4m3 (gather_fp8.cuh); the warpgroup widens it first, while its
+// GEMMs over the previous group run.
 template <int... kChunk>
 struct ChunkGroup {};
 
-template <class Traits, class TiledMma, class FragQ, class FragK, class AccS, int... kChunk>
+template <class Traits, bool kWiden, class TiledMma, class FragQ, class FragK, class AccS, int... kChunk>
 __device__ __forceinline__ void qk_gemm_group(TiledMma& mma, FragQ const& frag_q, FragK const& frag_k, uint64_t* chunk_full,
                                               int phase, AccS& acc_s, ChunkGroup<kChunk...>, const WaitClock& clock,
-                                              int landed_event) {
+                                              int landed_event, uint32_t stage, int wg_thread, uint32_t widened_barrier) {
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kSteps = Traits::kChunkCols / 16;
   const long long waited = clock.now();
   (Barrier::wait(&chunk_full[kChunk], phase), ...);
   clock.add(kLoadWait, waited);
   clock.mark(landed_event);
-  cutlass::arch::fence_view_async_shared();  // cp.async writes -> wgmma (async proxy) reads
+  if constexpr (kWiden) {
+    constexpr int kChunks[] = {kChunk...};
+    constexpr int kFirst = kChunks[0], kLast = kChunks[sizeof...(kChunk) - 1] + 1;
+    static_assert(kLast - kFirst == sizeof...(kChunk), "a group is a range of chunks");
+    Fp8GatherThread<Traits>(wg_thread).template widen<kFirst, kLast>(stage);
+  }
+  cutlass::arch::fence_view_async_shared();  // cp.async (or the widening's) writes -> wgmma (async proxy) reads
+  if constexpr (kWiden) cutlass::arch::NamedBarrier::sync(128, widened_barrier);
   warpgroup_arrive();
   auto chunk_gemm = [&](int c) {
     CUTE_UNROLL
@@ -74,13 +85,17 @@ __device__ __forceinline__ void qk_gemm_group(TiledMma& mma, FragQ const& frag_q
   warpgroup_commit_batch();
 }
 
-template <class Traits, class TiledMma, class FragQ, class FragK, class AccS, class First, class Second>
+// kWidened: how many of the two groups the warpgroup widens itself (0: a 16-bit cache), the last.
+template <class Traits, int kWidened, class TiledMma, class FragQ, class FragK, class AccS, class First, class Second>
 __device__ __forceinline__ void qk_gemm(TiledMma& mma, FragQ const& frag_q, FragK const& frag_k, uint64_t* chunk_full, int phase,
-                                        AccS& acc_s, First first, Second second, const WaitClock& clock) {
+                                        AccS& acc_s, First first, Second second, const WaitClock& clock, uint32_t stage,
+                                        int wg_thread, uint32_t widened_barrier) {
   warpgroup_fence_operand(acc_s);
   mma.accumulate_ = GMMA::ScaleOut::Zero;
-  qk_gemm_group<Traits>(mma, frag_q, frag_k, chunk_full, phase, acc_s, first, clock, kTraceFirstGroup);
-  qk_gemm_group<Traits>(mma, frag_q, frag_k, chunk_full, phase, acc_s, second, clock, kTraceSecondGroup);
+  qk_gemm_group<Traits, (kWidened >= 2)>(mma, frag_q, frag_k, chunk_full, phase, acc_s, first, clock, kTraceFirstGroup, stage,
+                                          wg_thread, widened_barrier);
+  qk_gemm_group<Traits, (kWidened >= 1)>(mma, frag_q, frag_k, chunk_full, phase, acc_s, second, clock, kTraceSecondGroup, stage,
+                                          wg_thread, widened_barrier);
   const long long issued = clock.now();
   warpgroup_wait<0>();
   clock.add(kSGemmWait, issued);
@@ -149,7 +164,8 @@ struct SegmentKeys {
 
 // One warpgroup's loop over the segment's pairs. acc_o and row_sum (this thread's part of its
 // rows' sums over this warpgroup's tiles) are kept under the shared row maximum at the end.
-template <class Traits, int kWarpgroup, class AccO>
+// kWidened: the release groups of its stage that the warpgroup widens (qk_gemm; 0: a 16-bit cache).
+template <class Traits, int kWarpgroup, int kWidened, class AccO>
 __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Traits::Element* smem_q,
                                           typename Traits::Element* smem_k, typename Traits::SharedState& st,
                                           int pairs_done, int wg_thread, AccO& acc_o, float (&row_sum)[2]) {
@@ -162,6 +178,7 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
   Element* const stage0 = smem_k;
   Element* const stage1 = smem_k + kStageElems;
   Element* const my_stage = kWarpgroup == 0 ? stage0 : stage1;
+  const uint32_t my_stage_addr = cute::cast_smem_ptr_to_uint(my_stage);
 
   typename Traits::TiledMmaQK mma_qk;
   typename Traits::TiledMmaPV mma_pv;
@@ -213,9 +230,11 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
     pair_clock.mark(kTracePairStart);
     // Each stage's chunks in the order the gather refills them (gather.cuh).
     if constexpr (kWarpgroup == 0) {
-      qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[0], phase, acc_s, ChunkGroup<0, 1, 2, 3>{}, ChunkGroup<4, 5, 6, 7, 8>{}, pair_clock);
+      qk_gemm<Traits, kWidened>(mma_qk, frag_q, frag_k, st.chunk_full[0], phase, acc_s, ChunkGroup<0, 1, 2, 3>{},
+                                ChunkGroup<4, 5, 6, 7, 8>{}, pair_clock, my_stage_addr, wg_thread, kWidened0);
     } else {
-      qk_gemm<Traits>(mma_qk, frag_q, frag_k, st.chunk_full[1], phase, acc_s, ChunkGroup<4, 5, 6, 7, 8>{}, ChunkGroup<0, 1, 2, 3>{}, pair_clock);
+      qk_gemm<Traits, kWidened>(mma_qk, frag_q, frag_k, st.chunk_full[1], phase, acc_s, ChunkGroup<4, 5, 6, 7, 8>{},
+                                ChunkGroup<0, 1, 2, 3>{}, pair_clock, my_stage_addr, wg_thread, kWidened0 + 1);
     }
 
     float tile_max[2], part_sum[2], safe_max[2], factor[2];

@@ -290,10 +290,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     Tensor coord_o = mma_pv.get_slice(wg_thread).partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kHalf>>{}));
     float row_sum[2] = {0.f, 0.f};
     clock.add(kPrologue, segment_start);
+    constexpr int kWidened = kFp8Kv ? kFp8GemmWidenedGroups : 0;
     if (warpgroup == 0) {
-      run_pairs<Traits, 0>(keys, smem_q, smem_k, st, pairs_done, wg_thread, acc_o, row_sum);
+      run_pairs<Traits, 0, kWidened>(keys, smem_q, smem_k, st, pairs_done, wg_thread, acc_o, row_sum);
     } else {
-      run_pairs<Traits, 1>(keys, smem_q, smem_k, st, pairs_done, wg_thread, acc_o, row_sum);
+      run_pairs<Traits, 1, kWidened>(keys, smem_q, smem_k, st, pairs_done, wg_thread, acc_o, row_sum);
     }
 
     const long long epilogue_start = clock.now();
