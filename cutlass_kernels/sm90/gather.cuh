@@ -43,6 +43,12 @@ __device__ __forceinline__ void arrive_many(uint64_t* mbar, uint32_t count) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
 
+// Whether the gather asks the L2 for the next pair's rows as soon as it knows their slots.
+#ifndef DDTREE_PREFETCH_L2
+#define DDTREE_PREFETCH_L2 1
+#endif
+constexpr bool kPrefetchL2 = DDTREE_PREFETCH_L2;
+
 // The gather warpgroup's own hardware barrier (CUTLASS's named barriers start at 8; the GEMM
 // warpgroups use 8-12).
 constexpr int kGatherBarrier = 15;
@@ -137,6 +143,25 @@ struct GatherThread {
       load_boxes<kFirst, kLast>(tile, map, first, chunk_full, wg_thread);
     } else {
       copy<kFirst, kLast>(tile, kv, kv_stride, slot, chunk_full);
+    }
+  }
+
+  // Asks the L2 for this thread's rows of a tile that is copied later (slot < 0: none), so that
+  // those copies, issued when their part of a stage is released, hit the L2, and more rows are in
+  // flight than the stages hold. A row's 8 lanes take every 1024th byte from 128 x piece, and its
+  // last: every 128-byte line of the row holds one of them.
+  template <class KvElement>
+  __device__ __forceinline__ void prefetch_l2(const KvElement* kv, int64_t kv_stride, const int (&slot)[4]) const {
+    constexpr int kRowBytes = Traits::kQkDim * int(sizeof(KvElement));
+    CUTE_UNROLL
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      if (slot[i] < 0) continue;
+      const uint8_t* const row = reinterpret_cast<const uint8_t*>(kv + int64_t(slot[i]) * kv_stride);
+      CUTE_UNROLL
+      for (int from = 0; from < kRowBytes + 128; from += 1024) {
+        const int at = from + 128 * piece;
+        if (at < kRowBytes + 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + min(at, kRowBytes - 1)));
+      }
     }
   }
 
@@ -245,6 +270,10 @@ __device__ __forceinline__ void gather_segment(const GatherPlan<Traits>& plan, u
     pair_clock.mark(kTraceGroup3Issued);
 
     load_slots(pair + 1);
+    if constexpr (kPrefetchL2) {
+      g.prefetch_l2(plan.kv, plan.kv_stride, slot[0]);
+      g.prefetch_l2(plan.kv, plan.kv_stride, slot[1]);
+    }
     clock.add(kPairCycles, pair_start);
     clock.count(kPairs);
   }

@@ -217,7 +217,7 @@ struct Fp8GatherThread {
 // How many of a stage's two release groups its GEMM warpgroup widens: 1, the group released at
 // the pair's end (the gather warpgroup widens the other); 2, both (the gather only copies).
 #ifndef DDTREE_FP8_GEMM_WIDENED_GROUPS
-#define DDTREE_FP8_GEMM_WIDENED_GROUPS 1
+#define DDTREE_FP8_GEMM_WIDENED_GROUPS 2
 #endif
 constexpr int kFp8GemmWidenedGroups = DDTREE_FP8_GEMM_WIDENED_GROUPS;
 static_assert(kFp8GemmWidenedGroups == 1 || kFp8GemmWidenedGroups == 2, "");
@@ -309,6 +309,10 @@ __device__ __forceinline__ void gather_segment_fp8(const GatherPlan<Traits, uint
       copy_end_parts();
     }
     load_slots(pair + 1);
+    if constexpr (kPrefetchL2) {
+      rows.prefetch_l2(plan.kv, plan.kv_stride, slot[0]);
+      rows.prefetch_l2(plan.kv, plan.kv_stride, slot[1]);
+    }
     clock.add(kPairCycles, pair_start);
     clock.count(kPairs);
   }
