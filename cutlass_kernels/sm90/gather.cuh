@@ -7,47 +7,15 @@
 // soon as its last reader releases it.
 #pragma once
 
-#include <cuda.h>  // CUtensorMap
-
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "async_copy.cuh"
+#include "fp8_tile.cuh"
 #include "traits.cuh"
 #include "wait_clocks.cuh"
 
 namespace ddtree::sm90 {
-
-// 16 bytes global -> shared, bypassing L1; the L2 fetches 256 bytes of the 1152-byte row at once.
-__device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void* gmem_src, bool valid) {
-  const int src_size = valid ? 16 : 0;  // 0: fill the 16 bytes with zeros
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src), "r"(src_size));
-}
-
-// A 64-row x 64-column box of the pool (the tensor map's box, 128-byte swizzle: the cp.async
-// layout) into shared memory, its bytes counted on `mbar`.
-__device__ __forceinline__ void tma_load_box(const CUtensorMap* map, uint32_t smem_dst, uint64_t* mbar, int col, int row) {
-  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-                   smem_dst),
-               "l"(reinterpret_cast<uint64_t>(map)), "r"(col), "r"(row), "r"(bar)
-               : "memory");
-}
-
-// Announces `bytes` of TMA data, then `count` arrivals at once (the 128 gather threads' share).
-__device__ __forceinline__ void expect_bytes(uint64_t* mbar, uint32_t bytes) {
-  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
-  asm volatile("mbarrier.expect_tx.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void arrive_many(uint64_t* mbar, uint32_t count) {
-  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-// Whether the gather asks the L2 for the next pair's rows as soon as it knows their slots.
-#ifndef DDTREE_PREFETCH_L2
-#define DDTREE_PREFETCH_L2 1
-#endif
-constexpr bool kPrefetchL2 = DDTREE_PREFETCH_L2;
 
 // The gather warpgroup's own hardware barrier (CUTLASS's named barriers start at 8; the GEMM
 // warpgroups use 8-12).
@@ -146,25 +114,6 @@ struct GatherThread {
     }
   }
 
-  // Asks the L2 for this thread's rows of a tile that is copied later (slot < 0: none), so that
-  // those copies, issued when their part of a stage is released, hit the L2, and more rows are in
-  // flight than the stages hold. A row's 8 lanes take every 1024th byte from 128 x piece, and its
-  // last: every 128-byte line of the row holds one of them.
-  template <class KvElement>
-  __device__ __forceinline__ void prefetch_l2(const KvElement* kv, int64_t kv_stride, const int (&slot)[4]) const {
-    constexpr int kRowBytes = Traits::kQkDim * int(sizeof(KvElement));
-    CUTE_UNROLL
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      if (slot[i] < 0) continue;
-      const uint8_t* const row = reinterpret_cast<const uint8_t*>(kv + int64_t(slot[i]) * kv_stride);
-      CUTE_UNROLL
-      for (int from = 0; from < kRowBytes + 128; from += 1024) {
-        const int at = from + 128 * piece;
-        if (at < kRowBytes + 128) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(row + min(at, kRowBytes - 1)));
-      }
-    }
-  }
-
   // Which of the tile's 64 keys have a slot (bit k: key k): each warp publishes the 16 bits of
   // its rows (lanes 0, 8, 16, 24 hold rows 16 w + 4 i + 0..3); the reader loads all four at once.
   __device__ __forceinline__ void publish_key_slots(const int (&slot)[4], int wg_thread, uint16_t* key_bits) const {
@@ -209,14 +158,16 @@ struct GatherPlan {
 // The gather warpgroup's work for one segment: each pair's two tiles, part by part as
 // the GEMM warpgroups release the previous pair's (the first pair of a segment starts on empty
 // stages). Pair g's key bits go to buffer g % 2, published before chunk 0's barrier completes.
-template <class Traits>
-__device__ __forceinline__ void gather_segment(const GatherPlan<Traits>& plan, uint32_t smem_k,
+// KvElement uint8_t: an e4m3 cache, copied as it is (fp8_tile.cuh; no TMA boxes).
+template <class Traits, class KvElement>
+__device__ __forceinline__ void gather_segment(const GatherPlan<Traits, KvElement>& plan, uint32_t smem_k,
                                                typename Traits::SharedState& st, int pairs_done, int wg_thread) {
   using Barrier = cutlass::arch::ClusterBarrier;
   using State = typename Traits::SharedState;
+  constexpr bool kFp8 = cute::is_same_v<KvElement, uint8_t>;
   constexpr uint32_t kStageBytes = Traits::kSmemK;
   const GatherThread<Traits> g(wg_thread);
-  const uint32_t stage0 = smem_k, stage1 = smem_k + kStageBytes;
+  const uint32_t stage_base[2] = {smem_k, smem_k + kStageBytes};
   const bool warp_leader = wg_thread % 32 == 0;
 
   const int num_pairs = (plan.num_tiles + 1) / 2;
@@ -232,7 +183,19 @@ __device__ __forceinline__ void gather_segment(const GatherPlan<Traits>& plan, u
     for (int t = 0; t < 2; ++t) {
       CUTE_UNROLL
       for (int i = 0; i < 4; ++i) slot[t][i] = plan.slot_of(2 * pair + t, g.row(i));
-      first[t] = plan.slot_of(2 * pair + t, 0);
+      first[t] = kFp8 ? -1 : plan.slot_of(2 * pair + t, 0);
+    }
+  };
+  bool boxes[2];
+  // Chunks [kFirst, kLast) of the tile in stage t.
+  auto load = [&](auto first_chunk, auto last_chunk, int t) {
+    constexpr int kFirst = decltype(first_chunk)::value, kLast = decltype(last_chunk)::value;
+    if constexpr (kFp8) {
+      Fp8TileThread<Traits>(wg_thread).template copy<kFirst, kLast>(stage_base[t], plan.kv, plan.kv_stride, slot[t],
+                                                                    st.chunk_full[t]);
+    } else {
+      g.template load<kFirst, kLast>(stage_base[t], plan.kv, plan.kv_stride, slot[t], plan.kv_map, first[t], boxes[t],
+                                     st.chunk_full[t], wg_thread);
     }
   };
   load_slots(0);
@@ -243,37 +206,33 @@ __device__ __forceinline__ void gather_segment(const GatherPlan<Traits>& plan, u
     const bool wait = pair > 0;
     const WaitClock pair_clock = clock.at_pair(global_pair, true);
     pair_clock.mark(kTracePairStart);
-    const bool boxes0 = plan.kv_map != nullptr && g.all_consecutive(slot[0], first[0]);
-    const bool boxes1 = plan.kv_map != nullptr && g.all_consecutive(slot[1], first[1]);
+    CUTE_UNROLL
+    for (int t = 0; t < 2; ++t) boxes[t] = !kFp8 && plan.kv_map != nullptr && g.all_consecutive(slot[t], first[t]);
 
     // In the order the parts are released (mainloop.cuh): each stage's first half mid-pair,
     // its second at the pair's end, so that half of each refill overlaps the pair.
     if (wait) wait_release(State::kStage0Low, released);
     pair_clock.mark(kTraceGroup0Acquired);
     g.publish_key_slots(slot[0], wg_thread, st.key_slots[global_pair & 1][0]);
-    g.template load<0, 4>(stage0, plan.kv, plan.kv_stride, slot[0], plan.kv_map, first[0], boxes0, st.chunk_full[0], wg_thread);
+    load(Int<0>{}, Int<4>{}, 0);
     if (warp_leader) Barrier::arrive(&st.chunk_full[0][0]);  // after this warp's key bits
     pair_clock.mark(kTraceGroup0Issued);
     if (wait) wait_release(State::kStage1High, released);
     pair_clock.mark(kTraceGroup1Acquired);
     g.publish_key_slots(slot[1], wg_thread, st.key_slots[global_pair & 1][1]);
-    g.template load<4, 9>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
+    load(Int<4>{}, Int<9>{}, 1);
     if (warp_leader) Barrier::arrive(&st.chunk_full[1][0]);
     pair_clock.mark(kTraceGroup1Issued);
     if (wait) wait_release(State::kStage0High, released);
     pair_clock.mark(kTraceGroup2Acquired);
-    g.template load<4, 9>(stage0, plan.kv, plan.kv_stride, slot[0], plan.kv_map, first[0], boxes0, st.chunk_full[0], wg_thread);
+    load(Int<4>{}, Int<9>{}, 0);
     pair_clock.mark(kTraceGroup2Issued);
     if (wait) wait_release(State::kStage1Low, released);
     pair_clock.mark(kTraceGroup3Acquired);
-    g.template load<0, 4>(stage1, plan.kv, plan.kv_stride, slot[1], plan.kv_map, first[1], boxes1, st.chunk_full[1], wg_thread);
+    load(Int<0>{}, Int<4>{}, 1);
     pair_clock.mark(kTraceGroup3Issued);
 
     load_slots(pair + 1);
-    if constexpr (kPrefetchL2) {
-      g.prefetch_l2(plan.kv, plan.kv_stride, slot[0]);
-      g.prefetch_l2(plan.kv, plan.kv_stride, slot[1]);
-    }
     clock.add(kPairCycles, pair_start);
     clock.count(kPairs);
   }

@@ -22,7 +22,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "gather.cuh"  // read_key_slots
-#include "gather_fp8.cuh"
+#include "fp8_tile.cuh"
 #include "mask_policy.cuh"
 #include "numeric.cuh"  // unpack_pair, pack_pair
 #include "softmax.cuh"
@@ -50,8 +50,8 @@ __device__ __forceinline__ void issue_warpgroup_gemm(TiledMma& mma, TA const& a,
 // S = Q K^T of one stage over the chunks in `Chunks`, in that order: the chunks of one release
 // group are waited for together, then one proxy fence (MEMBAR + FENCE.VIEW.ASYNC) makes them
 // visible to the tensor cores, and their GEMMs issue while the next group may still be landing.
-// kWiden: the group has landed as e4m3 (gather_fp8.cuh); the warpgroup widens it first, while its
-// GEMMs over the previous group run.
+// kWiden: the group has landed as e4m3 (fp8_tile.cuh); the warpgroup widens it first (the second
+// group while the GEMMs over the first run), then syncs on its own barrier.
 template <int... kChunk>
 struct ChunkGroup {};
 
@@ -69,7 +69,7 @@ __device__ __forceinline__ void qk_gemm_group(TiledMma& mma, FragQ const& frag_q
     constexpr int kChunks[] = {kChunk...};
     constexpr int kFirst = kChunks[0], kLast = kChunks[sizeof...(kChunk) - 1] + 1;
     static_assert(kLast - kFirst == sizeof...(kChunk), "a group is a range of chunks");
-    Fp8GatherThread<Traits>(wg_thread).template widen<kFirst, kLast>(stage);
+    Fp8TileThread<Traits>(wg_thread).template widen<kFirst, kLast>(stage);
   }
   cutlass::arch::fence_view_async_shared();  // cp.async (or the widening's) writes -> wgmma (async proxy) reads
   if constexpr (kWiden) cutlass::arch::NamedBarrier::sync(128, widened_barrier);
@@ -85,17 +85,17 @@ __device__ __forceinline__ void qk_gemm_group(TiledMma& mma, FragQ const& frag_q
   warpgroup_commit_batch();
 }
 
-// kWidened: how many of the two groups the warpgroup widens itself (0: a 16-bit cache), the last.
-template <class Traits, int kWidened, class TiledMma, class FragQ, class FragK, class AccS, class First, class Second>
+// kWiden: an e4m3 tile, which the warpgroup widens group by group.
+template <class Traits, bool kWiden, class TiledMma, class FragQ, class FragK, class AccS, class First, class Second>
 __device__ __forceinline__ void qk_gemm(TiledMma& mma, FragQ const& frag_q, FragK const& frag_k, uint64_t* chunk_full, int phase,
                                         AccS& acc_s, First first, Second second, const WaitClock& clock, uint32_t stage,
                                         int wg_thread, uint32_t widened_barrier) {
   warpgroup_fence_operand(acc_s);
   mma.accumulate_ = GMMA::ScaleOut::Zero;
-  qk_gemm_group<Traits, (kWidened >= 2)>(mma, frag_q, frag_k, chunk_full, phase, acc_s, first, clock, kTraceFirstGroup, stage,
-                                          wg_thread, widened_barrier);
-  qk_gemm_group<Traits, (kWidened >= 1)>(mma, frag_q, frag_k, chunk_full, phase, acc_s, second, clock, kTraceSecondGroup, stage,
-                                          wg_thread, widened_barrier);
+  qk_gemm_group<Traits, kWiden>(mma, frag_q, frag_k, chunk_full, phase, acc_s, first, clock, kTraceFirstGroup, stage,
+                                wg_thread, widened_barrier);
+  qk_gemm_group<Traits, kWiden>(mma, frag_q, frag_k, chunk_full, phase, acc_s, second, clock, kTraceSecondGroup, stage,
+                                wg_thread, widened_barrier);
   const long long issued = clock.now();
   warpgroup_wait<0>();
   clock.add(kSGemmWait, issued);
@@ -164,8 +164,8 @@ struct SegmentKeys {
 
 // One warpgroup's loop over the segment's pairs. acc_o and row_sum (this thread's part of its
 // rows' sums over this warpgroup's tiles) are kept under the shared row maximum at the end.
-// kWidened: the release groups of its stage that the warpgroup widens (qk_gemm; 0: a 16-bit cache).
-template <class Traits, int kWarpgroup, int kWidened, class AccO>
+// kFp8Kv: the stages hold e4m3 tiles, which the warpgroup widens (qk_gemm).
+template <class Traits, int kWarpgroup, bool kFp8Kv, class AccO>
 __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Traits::Element* smem_q,
                                           typename Traits::Element* smem_k, typename Traits::SharedState& st,
                                           int pairs_done, int wg_thread, AccO& acc_o, float (&row_sum)[2]) {
@@ -230,10 +230,10 @@ __device__ __forceinline__ void run_pairs(const SegmentKeys& seg, typename Trait
     pair_clock.mark(kTracePairStart);
     // Each stage's chunks in the order the gather refills them (gather.cuh).
     if constexpr (kWarpgroup == 0) {
-      qk_gemm<Traits, kWidened>(mma_qk, frag_q, frag_k, st.chunk_full[0], phase, acc_s, ChunkGroup<0, 1, 2, 3>{},
+      qk_gemm<Traits, kFp8Kv>(mma_qk, frag_q, frag_k, st.chunk_full[0], phase, acc_s, ChunkGroup<0, 1, 2, 3>{},
                                 ChunkGroup<4, 5, 6, 7, 8>{}, pair_clock, my_stage_addr, wg_thread, kWidened0);
     } else {
-      qk_gemm<Traits, kWidened>(mma_qk, frag_q, frag_k, st.chunk_full[1], phase, acc_s, ChunkGroup<4, 5, 6, 7, 8>{},
+      qk_gemm<Traits, kFp8Kv>(mma_qk, frag_q, frag_k, st.chunk_full[1], phase, acc_s, ChunkGroup<4, 5, 6, 7, 8>{},
                                 ChunkGroup<0, 1, 2, 3>{}, pair_clock, my_stage_addr, wg_thread, kWidened0 + 1);
     }
 

@@ -32,7 +32,7 @@
 #include "../status.cuh"
 #include "epilogue.cuh"
 #include "gather.cuh"
-#include "gather_fp8.cuh"
+#include "fp8_tile.cuh"
 #include "mainloop.cuh"
 #include "merge.cuh"
 #include "tile_scheduler.cuh"
@@ -119,12 +119,13 @@ __device__ __forceinline__ float kv_scale_of(const VerifyParams& p) {
 }
 
 // Warpgroups 0 and 1 compute (mainloop.cuh) and store (epilogue.cuh); warpgroup 2 gathers
-// (gather.cuh, or gather_fp8.cuh for an e4m3 cache, whose scale multiplies the logits and the
-// output). Every thread walks the same segments; one CTA barrier per segment separates a
+// (gather.cuh; an e4m3 cache as it is, widened by the GEMM warpgroups: fp8_tile.cuh, its scale
+// multiplying the logits and the output). Every thread walks the same segments; one CTA barrier per segment separates a
 // segment's epilogue (which stages the output over q and stage 0) from the next one's copies.
 template <class Traits, bool kPersistent, bool kFp8Kv>
 __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(const __grid_constant__ VerifyParams p) {
   using Element = typename Traits::Element;
+  using KvElement = cute::conditional_t<kFp8Kv, uint8_t, Element>;  // e4m3 bytes, or q's dtype
   using SharedState = typename Traits::SharedState;
   using Barrier = cutlass::arch::ClusterBarrier;
   constexpr int kRows = Traits::kRows, kLatent = Traits::kLatent, kHalf = Traits::kHalf;
@@ -219,11 +220,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       __syncthreads();  // the previous segment's epilogue is done with shared memory
       if (g.num_tiles > 0) {
         const uint32_t smem_k = static_cast<uint32_t>(__cvta_generic_to_shared(smem)) + Traits::kSmemQ;
-        if constexpr (kFp8Kv) {
-          gather_segment_fp8<Traits>(gather_plan<Traits, uint8_t>(p, g), smem_k, st, pairs_done, wg_thread);
-        } else {
-          gather_segment<Traits>(gather_plan<Traits, Element>(p, g), smem_k, st, pairs_done, wg_thread);
-        }
+        gather_segment<Traits>(gather_plan<Traits, KvElement>(p, g), smem_k, st, pairs_done, wg_thread);
       }
       pairs_done += (g.num_tiles + 1) / 2;
       if constexpr (!kPersistent) {
@@ -290,11 +287,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     Tensor coord_o = mma_pv.get_slice(wg_thread).partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kHalf>>{}));
     float row_sum[2] = {0.f, 0.f};
     clock.add(kPrologue, segment_start);
-    constexpr int kWidened = kFp8Kv ? kFp8GemmWidenedGroups : 0;
     if (warpgroup == 0) {
-      run_pairs<Traits, 0, kWidened>(keys, smem_q, smem_k, st, pairs_done, wg_thread, acc_o, row_sum);
+      run_pairs<Traits, 0, kFp8Kv>(keys, smem_q, smem_k, st, pairs_done, wg_thread, acc_o, row_sum);
     } else {
-      run_pairs<Traits, 1, kWidened>(keys, smem_q, smem_k, st, pairs_done, wg_thread, acc_o, row_sum);
+      run_pairs<Traits, 1, kFp8Kv>(keys, smem_q, smem_k, st, pairs_done, wg_thread, acc_o, row_sum);
     }
 
     const long long epilogue_start = clock.now();

@@ -1,31 +1,25 @@
-// The gather of an FP8 e4m3 cache: 576-byte KV rows into the same 128-byte-swizzled 16-bit tiles
-// as gather.cuh (the GEMMs run in q's dtype), widened in place in shared memory. A thread copies
-// each 16-byte piece (16 e4m3 values) with cp.async into one of the two 16-byte units of the tile
-// that will hold those 16 values; once it has landed, a thread with the same warpgroup index
-// widens the piece into both units (exact: every e4m3 value is a bf16 and an fp16 value). The
-// per-tensor scale is not applied here but to the logits and the output (verify_attention.cuh).
-// Who widens (kFp8GemmWidenedGroups): the parts released mid-pair by the gather warpgroup, which
-// has time for them before the pair ends; the parts released at the pair's end, on which the next
-// S waits, by the GEMM warpgroup that reads them first, while its GEMM over the other part runs
-// (mainloop.cuh), so that the gather issues them as soon as they are released.
+// A 64-row FP8 e4m3 KV tile in the 128-byte-swizzled 16-bit layout of the bf16 tiles
+// (traits.cuh; the GEMMs run in q's dtype), widened in place in shared memory. Gather thread i
+// copies each of its 16-byte pieces (16 e4m3 values) with cp.async into one of the two 16-byte
+// units of the tile that will hold those values, and the pieces complete on the chunks' barriers
+// like a bf16 tile's; GEMM thread i of the warpgroup that reads the tile first then widens them
+// into both units (exact: every e4m3 value is a bf16 and an fp16 value), under its GEMM over the
+// tile's other part (mainloop.cuh). So the gather issues each part as soon as it is released, as
+// for a bf16 cache. The per-tensor scale multiplies the logits and the output instead
+// (verify_attention.cuh).
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
-#include "gather.cuh"
+#include "async_copy.cuh"
 #include "traits.cuh"
-#include "wait_clocks.cuh"
+
+#ifndef DDTREE_WIDEN_BATCH
+#define DDTREE_WIDEN_BATCH 2
+#endif
 
 namespace ddtree::sm90 {
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-
-// This thread's cp.async groups complete, all but the newest kPending.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 // e4m3 -> 16-bit conversion with integer operations and one multiply (the F2FP conversion chain,
 // e4m3x2 -> f16x2 -> f32 -> bf16x2, measured within 5%: kernel log, 2026-12-04): an e4m3 byte's
@@ -70,7 +64,8 @@ __device__ __forceinline__ uint4 e4m3x8_to(uint32_t lo, uint32_t hi) {
                     e4m3x2_bits_to<Element>(__byte_perm(hi, 0, 0x1404)), e4m3x2_bits_to<Element>(__byte_perm(hi, 0, 0x3424)));
 }
 
-// One gather thread's share of a 64-row FP8 tile. Rows as in GatherThread (warp w, lane l: rows
+// Thread i's pieces of a 64-row FP8 tile (i: its index in the gather warpgroup, which copies
+// them, or in the GEMM warpgroup, which widens them). Rows as in GatherThread (warp w, lane l: rows
 // 16 w + 4 i + l / 8); the 8 lanes of a row take its 128 columns of two chunks at once: lane
 // piece p = l % 8 copies 16 columns (16 bytes) at 16 (p % 4) of chunk 2 s + p / 4, i.e. 128
 // contiguous bytes a row, four rows a warp instruction. The rope chunk (64 columns) takes half
@@ -78,7 +73,7 @@ __device__ __forceinline__ uint4 e4m3x8_to(uint32_t lo, uint32_t hi) {
 // the unit of its half selected by p / 4 (`odd`) and the converted halves are stored staged unit
 // first, so that the 8 lanes of a row touch 8 different bank groups in every shared access.
 template <class Traits>
-struct Fp8GatherThread {
+struct Fp8TileThread {
   using Element = typename Traits::Element;
   static constexpr int kChunkBytes = Traits::kKeys * Traits::kChunkCols * int(sizeof(Element));
   static constexpr int kRopeChunk = Traits::kColumnChunks - 1;
@@ -88,7 +83,7 @@ struct Fp8GatherThread {
   int src_col;     // the piece's first byte in a row's 128-byte pair of chunks: 64 odd + 16 (p % 4)
   uint32_t staged; // its staged unit in chunk `odd` of a tile, row first_row (the rows' i = 0)
 
-  __device__ __forceinline__ explicit Fp8GatherThread(int wg_thread)
+  __device__ __forceinline__ explicit Fp8TileThread(int wg_thread)
       : src_col(64 * ((wg_thread % 8) / 4) + 16 * (wg_thread % 4)),
         staged(uint32_t(odd() * kChunkBytes) + p_tile_byte_offset((wg_thread / 32) * 16 + (wg_thread % 32) / 8, src_col % 64 + 8 * odd())) {}
 
@@ -149,31 +144,26 @@ struct Fp8GatherThread {
     });
   }
 
-  // Copies this thread's pieces of chunks [kFirst, kLast) (slot < 0: zeros), uncommitted.
+  // Copies this thread's pieces of chunks [kFirst, kLast) (slot < 0: zeros), each chunk's barrier
+  // completing when they have landed (still e4m3).
   template <int kFirst, int kLast>
-  __device__ __forceinline__ void copy(uint32_t tile, const uint8_t* kv, int64_t kv_stride, const int (&slot)[4]) const {
+  __device__ __forceinline__ void copy(uint32_t tile, const uint8_t* kv, int64_t kv_stride, const int (&slot)[4],
+                                       uint64_t* chunk_full) const {
     for_each_piece<kFirst, kLast>([&](uint32_t at, int i, int col) {
       // i < 0: rope row k = -1 - i, i.e. row k + 2 odd
       const int s = i >= 0 ? slot[i] : (odd() ? slot[1 - i] : slot[-1 - i]);
       cp_async_16(tile + at, kv + int64_t(s < 0 ? 0 : s) * kv_stride + col, s >= 0);
     });
-  }
-
-  // The same copies, each chunk's barrier completing when they have landed (still e4m3: the GEMM
-  // warpgroup widens them).
-  template <int kFirst, int kLast>
-  __device__ __forceinline__ void copy_signalled(uint32_t tile, const uint8_t* kv, int64_t kv_stride, const int (&slot)[4],
-                                                 uint64_t* chunk_full) const {
-    copy<kFirst, kLast>(tile, kv, kv_stride, slot);
     CUTE_UNROLL
     for (int c = kFirst; c < kLast; ++c) cutlass::arch::cpasync_barrier_arrive_noinc(&chunk_full[c]);
   }
 
-  // Widens this thread's landed pieces of chunks [kFirst, kLast) in place. The loads go in batches
-  // of kBatch ahead of their stores, so a batch waits for one load latency.
+  // Widens this thread's landed pieces of chunks [kFirst, kLast) in place; the caller fences and
+  // syncs before the GEMM reads them. The loads go in batches of kBatch ahead of their stores, so
+  // a batch waits for one load latency.
   template <int kFirst, int kLast>
   __device__ __forceinline__ void widen(uint32_t tile) const {
-    constexpr int kCount = kPieces<kFirst, kLast>, kBatch = 2;  // 4 spills
+    constexpr int kCount = kPieces<kFirst, kLast>, kBatch = DDTREE_WIDEN_BATCH;
     uint32_t staged;
     int src_col;
     opaque_members(staged, src_col);
@@ -203,119 +193,6 @@ struct Fp8GatherThread {
       });
     });
   }
-
-  // widen, then the chunks' barriers (after a fence: generic writes -> the GEMMs' async-proxy reads).
-  template <int kFirst, int kLast>
-  __device__ __forceinline__ void widen_and_signal(uint32_t tile, uint64_t* chunk_full) const {
-    widen<kFirst, kLast>(tile);
-    cutlass::arch::fence_view_async_shared();
-    CUTE_UNROLL
-    for (int c = kFirst; c < kLast; ++c) cutlass::arch::ClusterBarrier::arrive(&chunk_full[c]);
-  }
 };
-
-// How many of a stage's two release groups its GEMM warpgroup widens: 1, the group released at
-// the pair's end (the gather warpgroup widens the other); 2, both (the gather only copies).
-#ifndef DDTREE_FP8_GEMM_WIDENED_GROUPS
-#define DDTREE_FP8_GEMM_WIDENED_GROUPS 2
-#endif
-constexpr int kFp8GemmWidenedGroups = DDTREE_FP8_GEMM_WIDENED_GROUPS;
-static_assert(kFp8GemmWidenedGroups == 1 || kFp8GemmWidenedGroups == 2, "");
-
-// gather_segment for an FP8 cache: the same parts in the same order. The parts released mid-pair
-// are widened here (kFp8GemmWidenedGroups == 1) while the parts released at the pair's end wait;
-// those are copied as released and widened by their GEMM warpgroup.
-template <class Traits>
-__device__ __forceinline__ void gather_segment_fp8(const GatherPlan<Traits, uint8_t>& plan, uint32_t smem_k,
-                                                   typename Traits::SharedState& st, int pairs_done, int wg_thread) {
-  using Barrier = cutlass::arch::ClusterBarrier;
-  using State = typename Traits::SharedState;
-  constexpr uint32_t kStageBytes = Traits::kSmemK;
-  constexpr bool kWidenHere = kFp8GemmWidenedGroups == 1;
-  const GatherThread<Traits> rows(wg_thread);
-  const Fp8GatherThread<Traits> f(wg_thread);
-  const uint32_t stage0 = smem_k, stage1 = smem_k + kStageBytes;
-  const bool warp_leader = wg_thread % 32 == 0;
-
-  const int num_pairs = (plan.num_tiles + 1) / 2;
-  const WaitClock clock = wait_clock(st, Traits::kGatherWarpgroup, wg_thread);
-  auto wait_release = [&](int group, int released) {
-    const long long waited = clock.now();
-    Barrier::wait(&st.chunk_empty[group], released);
-    clock.add(kLoadWait, waited);
-  };
-  int slot[2][4];
-  auto load_slots = [&](int pair) {
-    CUTE_UNROLL
-    for (int t = 0; t < 2; ++t) {
-      CUTE_UNROLL
-      for (int i = 0; i < 4; ++i) slot[t][i] = plan.slot_of(2 * pair + t, rows.row(i));
-    }
-  };
-  // A stage's key bits, then its chunk 0's barrier from the warp's leader.
-  auto publish = [&](int global_pair, int stage) {
-    rows.publish_key_slots(slot[stage], wg_thread, st.key_slots[global_pair & 1][stage]);
-    if (warp_leader) Barrier::arrive(&st.chunk_full[stage][0]);
-  };
-  load_slots(0);
-  for (int pair = 0; pair < num_pairs; ++pair) {
-    const long long pair_start = clock.now();
-    const int global_pair = pairs_done + pair;
-    const int released = (global_pair - 1) & 1;
-    const bool wait = pair > 0;
-    const WaitClock pair_clock = clock.at_pair(global_pair, true);
-    pair_clock.mark(kTracePairStart);
-
-    if (wait) wait_release(State::kStage0Low, released);
-    pair_clock.mark(kTraceGroup0Acquired);
-    publish(global_pair, 0);
-    if constexpr (kWidenHere) {
-      f.template copy<0, 4>(stage0, plan.kv, plan.kv_stride, slot[0]);
-      cp_async_commit();
-    } else {
-      f.template copy_signalled<0, 4>(stage0, plan.kv, plan.kv_stride, slot[0], st.chunk_full[0]);
-    }
-    pair_clock.mark(kTraceGroup0Issued);
-    if (wait) wait_release(State::kStage1High, released);
-    pair_clock.mark(kTraceGroup1Acquired);
-    publish(global_pair, 1);
-    if constexpr (kWidenHere) {
-      f.template copy<4, 9>(stage1, plan.kv, plan.kv_stride, slot[1]);
-      cp_async_commit();
-    } else {
-      f.template copy_signalled<4, 9>(stage1, plan.kv, plan.kv_stride, slot[1], st.chunk_full[1]);
-    }
-    pair_clock.mark(kTraceGroup1Issued);
-    // The end-of-pair parts are copied uncommitted (their barriers track them), so that the
-    // groups waited for below are the two above.
-    auto copy_end_parts = [&] {
-      if (wait) wait_release(State::kStage0High, released);
-      pair_clock.mark(kTraceGroup2Acquired);
-      f.template copy_signalled<4, 9>(stage0, plan.kv, plan.kv_stride, slot[0], st.chunk_full[0]);
-      pair_clock.mark(kTraceGroup2Issued);
-      if (wait) wait_release(State::kStage1Low, released);
-      pair_clock.mark(kTraceGroup3Acquired);
-      f.template copy_signalled<0, 4>(stage1, plan.kv, plan.kv_stride, slot[1], st.chunk_full[1]);
-      pair_clock.mark(kTraceGroup3Issued);
-    };
-    if constexpr (kWidenHere) {
-      if (!wait) copy_end_parts();  // the first pair's stages are empty: all copies at once
-      cp_async_wait<1>();
-      f.template widen_and_signal<0, 4>(stage0, st.chunk_full[0]);
-      cp_async_wait<0>();
-      f.template widen_and_signal<4, 9>(stage1, st.chunk_full[1]);
-      if (wait) copy_end_parts();
-    } else {
-      copy_end_parts();
-    }
-    load_slots(pair + 1);
-    if constexpr (kPrefetchL2) {
-      rows.prefetch_l2(plan.kv, plan.kv_stride, slot[0]);
-      rows.prefetch_l2(plan.kv, plan.kv_stride, slot[1]);
-    }
-    clock.add(kPairCycles, pair_start);
-    clock.count(kPairs);
-  }
-}
 
 }  // namespace ddtree::sm90
