@@ -144,6 +144,35 @@ def test_triton_fp8_and_paged_in_the_interpreter():
     run_interpreter_script("interpret_fp8_paged.py")
 
 
+def every_finite_e4m3_row(device):
+    """576 e4m3 bytes holding each finite value (all but the NaN bytes 0x7f and 0xff) at least twice,
+    subnormals, both zeros and +-448 included."""
+    finite = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    return finite.repeat(3)[: 576].to(device)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("backend", ["reference", "triton", "sm90"])
+def test_every_e4m3_value_reads_exactly(backend, dtype):
+    """One draft without a prefix sees only its own key, so its output is that key's V row times
+    kv_scale (softmax weight 1): every finite e4m3 value must come through the widening exactly
+    (up to the rounding of a weight of 1 in a kernel's exponential)."""
+    device = "cpu" if backend == "reference" else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    if backend == "sm90" and backend not in cuda_backends():
+        pytest.skip("the sm_90a kernel needs an sm_90 GPU")
+    vb, kv_scale = fp8_batch([0], [1], 16, dtype=dtype, scale=0.25, device=device, seed=3, storage="uint8")
+    slot = int(vb.out_cache_loc[0])
+    vb.kv_cache[slot] = every_finite_e4m3_row(device)
+    out, _ = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, backend=backend)
+    values = vb.kv_cache[slot, :512].view(torch.float8_e4m3fn).float() * kv_scale
+    want = values.to(dtype).expand(16, 512)
+    subnormal = (values != 0) & (values.abs() < 2.0**-6 * kv_scale)
+    assert (values != 0).sum() > 400 and subnormal.sum() >= 14  # every subnormal, both signs
+    torch.testing.assert_close(out[0], want, rtol=2.0**-7, atol=0)
+
+
 # ---------------------------------------------------------------- GPU (the lead runs these)
 
 
