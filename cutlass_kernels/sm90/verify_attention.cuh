@@ -120,8 +120,9 @@ __device__ __forceinline__ float kv_scale_of(const VerifyParams& p) {
 
 // Warpgroups 0 and 1 compute (mainloop.cuh) and store (epilogue.cuh); warpgroup 2 gathers
 // (gather.cuh; an e4m3 cache as it is, widened by the GEMM warpgroups: fp8_tile.cuh, its scale
-// multiplying the logits and the output). Every thread walks the same segments; one CTA barrier per segment separates a
-// segment's epilogue (which stages the output over q and stage 0) from the next one's copies.
+// multiplying the logits and the output). Every thread walks the same segments; one CTA barrier
+// per segment separates a segment's epilogue (which stages the output over q and stage 0) from
+// the next one's copies.
 template <class Traits, bool kPersistent, bool kFp8Kv>
 __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(const __grid_constant__ VerifyParams p) {
   using Element = typename Traits::Element;
