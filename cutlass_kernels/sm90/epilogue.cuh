@@ -5,6 +5,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "numeric.cuh"
+#include "wait_clocks.cuh"
 
 namespace ddtree::sm90 {
 
@@ -15,11 +16,14 @@ using namespace cute;
 // layout a warp store would be 8 rows x 16..32 bytes). The caller guarantees that shared memory
 // is free: no copy in flight, every wgmma read done, all threads past a barrier.
 // Value 4 b + 2 j (+1) of the accumulator is row my_row + 8 j, columns col_base + 8 b + 2 (lane % 4) (+1)
-// (tests/layout_check.cu). row_start(r) is the global address of row r < valid_rows.
+// (tests/layout_check.cu). row_start(r) is the global address of row r < valid_rows. `clock` counts
+// the staging and the stores apart (wait_clocks.cuh).
 template <class OutT, int kRows, int kCols, int kThreads, class AccO, class CoordO, class RowStart>
 __device__ __forceinline__ void store_tile_through_smem(uint8_t* smem, AccO const& acc_o, CoordO const& coord_o,
                                                         int my_row, int col_base, const float (&inv_sum)[2],
-                                                        int valid_rows, int tid, RowStart row_start) {
+                                                        int valid_rows, int tid, RowStart row_start,
+                                                        const WaitClock& clock) {
+  const long long staging_start = clock.now();
   constexpr int kStride = kCols + 16 / int(sizeof(OutT));  // one 16-byte pad: a warp's 8 rows on different banks
   OutT* staging = reinterpret_cast<OutT*>(smem);
   CUTE_UNROLL
@@ -37,6 +41,8 @@ __device__ __forceinline__ void store_tile_through_smem(uint8_t* smem, AccO cons
     }
   }
   cutlass::arch::NamedBarrier::arrive_and_wait(kThreads, 0);
+  clock.add(kEpilogueStaging, staging_start);
+  const long long stores_start = clock.now();
   constexpr int kVector = 16 / int(sizeof(OutT));
   constexpr int kVectorsPerRow = kCols / kVector;
 #pragma unroll 4
@@ -44,6 +50,7 @@ __device__ __forceinline__ void store_tile_through_smem(uint8_t* smem, AccO cons
     const int r = v / kVectorsPerRow, col = (v % kVectorsPerRow) * kVector;
     if (r < valid_rows) *reinterpret_cast<uint4*>(row_start(r) + col) = *reinterpret_cast<const uint4*>(staging + r * kStride + col);
   }
+  clock.add(kEpilogueStores, stores_start);
 }
 
 }  // namespace ddtree::sm90

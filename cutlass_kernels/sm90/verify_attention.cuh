@@ -278,7 +278,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       }
     }
     if (num_pairs > 0) {
+      const long long q_waited = clock.now();
       Barrier::wait(&st.q_full, q_loads & 1);
+      clock.add(kQWait, q_waited);
       ++q_loads;
     }
 
@@ -304,6 +306,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       st.row_sum[warpgroup][my_row + 8] = row_sum[1];
     }
     NamedBarrier::arrive_and_wait(kMmaThreads, kEpilogueBarrier);
+    clock.add(kEpilogueSums, epilogue_start);
     float lse_row[2], inv_sum[2];
     const float kv_scale = kv_scale_of<kFp8Kv>(p);  // V's too
     CUTE_UNROLL
@@ -336,16 +339,18 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     if (g.part_rows != nullptr) {
       store_tile_through_smem<float, kRows, kLatent, kMmaThreads>(
           smem, acc_o, coord_o, my_row, warpgroup * kHalf, inv_sum, valid_rows, tid,
-          [&](int r) { return g.part_rows + int64_t(r) * kLatent; });
+          [&](int r) { return g.part_rows + int64_t(r) * kLatent; }, clock);
       if constexpr (kPersistent) {  // the CTA that writes a row block's last partial merges them (merge.cuh)
+        const long long merge_start = clock.now();
         const PartialSlots slots = partial_slots(s_cta_plan, seg);
         if (wrote_last_partial<kMmaThreads>(schedule.partials_written(seg.row_block), slots.count, tid)) {
           merge_partials<Element, kRows, kLatent, kMmaThreads>(p.part_out, p.part_lse, slots, valid_rows, tid, out_row, lse_at);
         }
+        clock.add(kEpilogueMerge, merge_start);
       }
     } else {
       store_tile_through_smem<Element, kRows, kLatent, kMmaThreads>(smem, acc_o, coord_o, my_row, warpgroup * kHalf, inv_sum,
-                                                                     valid_rows, tid, out_row);
+                                                                     valid_rows, tid, out_row, clock);
     }
     clock.add(kEpilogue, epilogue_start);
     pairs_done += num_pairs;

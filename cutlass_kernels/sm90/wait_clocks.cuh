@@ -19,7 +19,13 @@ enum WaitSlot : int {
   kPairs,
   kPrologue,      // GEMM warpgroups: a segment's start (after its barrier) to its pair loop: q copies and their wait
   kEpilogue,      // GEMM warpgroups: the pair loop's end to the segment's output stored (and merged)
-  kWaitSlots = 8,
+  // The prologue's and the epilogue's parts (GEMM warpgroups):
+  kQWait,            // the q tile's copies, waited for (in kPrologue)
+  kEpilogueSums,     // the row sums exchanged with the other warpgroup (waiting for its pair loop to end)
+  kEpilogueStaging,  // the output tile into shared memory and the barrier after it
+  kEpilogueStores,   // the tile's rows from shared memory to global
+  kEpilogueMerge,    // the persistent kernel's count of its partial and, in the CTA that wrote the last, the merge
+  kWaitSlots = 13,
 };
 constexpr int kWaitRoles = 3;  // GEMM warpgroups 0 and 1, the gather (the last)
 
@@ -67,9 +73,11 @@ struct WaitClock {
                slots[kPairs], slots[kPairCycles], slots[kLoadWait]);
       } else {
         printf("wait_clocks cta0 GEMM warpgroup %d: pairs %llu, pair loop %llu cycles; load %llu, S gemm %llu, partner %llu, "
-               "PV gemm %llu; segments' prologues %llu, epilogues %llu\n",
+               "PV gemm %llu; segments' prologues %llu (q wait %llu), epilogues %llu (sums %llu, staging %llu, stores %llu, "
+               "merge %llu)\n",
                role, slots[kPairs], slots[kPairCycles], slots[kLoadWait], slots[kSGemmWait], slots[kPartnerWait],
-               slots[kPvGemmWait], slots[kPrologue], slots[kEpilogue]);
+               slots[kPvGemmWait], slots[kPrologue], slots[kQWait], slots[kEpilogue], slots[kEpilogueSums],
+               slots[kEpilogueStaging], slots[kEpilogueStores], slots[kEpilogueMerge]);
       }
       int t[kTraceEvents];  // cycles after warpgroup 0's start of the traced pair; events not reached: 0 - origin
       for (int e = 0; e < kTraceEvents; ++e) t[e] = static_cast<int>(trace[e] - *origin);
