@@ -47,12 +47,13 @@ constexpr int kTracedPair = 16;  // of the CTA's pairs (all its segments): well 
 
 struct WaitClock {
 #ifdef DDTREE_WAIT_CLOCKS
-  unsigned long long* slots;  // this role's sums in shared memory; nullptr: not the role's first thread
+  unsigned* slots;  // this role's sums in shared memory (32 bits hold one launch's cycles); nullptr: not
+                    // the role's first thread
   unsigned* trace;            // this role's events of the traced pair (nullptr: not recording them)
   const unsigned* origin;     // warpgroup 0's start of the traced pair: the timeline's 0
   __device__ __forceinline__ long long now() const { return clock64(); }
   __device__ __forceinline__ void add(int slot, long long since) const {
-    if (slots) slots[slot] += static_cast<unsigned long long>(clock64() - since);
+    if (slots) slots[slot] += static_cast<unsigned>(clock64() - since);
   }
   __device__ __forceinline__ void count(int slot) const {
     if (slots) slots[slot] += 1;
@@ -69,12 +70,12 @@ struct WaitClock {
   __device__ __forceinline__ void print(int role) const {
     if (slots && blockIdx.x == 0 && blockIdx.y == 0) {
       if (role == kWaitRoles - 1) {
-        printf("wait_clocks cta0 gather: pairs %llu, pair loop %llu cycles; waiting for parts to be released %llu\n",
+        printf("wait_clocks cta0 gather: pairs %u, pair loop %u cycles; waiting for parts to be released %u\n",
                slots[kPairs], slots[kPairCycles], slots[kLoadWait]);
       } else {
-        printf("wait_clocks cta0 GEMM warpgroup %d: pairs %llu, pair loop %llu cycles; load %llu, S gemm %llu, partner %llu, "
-               "PV gemm %llu; segments' prologues %llu (q wait %llu), epilogues %llu (sums %llu, staging %llu, stores %llu, "
-               "merge %llu)\n",
+        printf("wait_clocks cta0 GEMM warpgroup %d: pairs %u, pair loop %u cycles; load %u, S gemm %u, partner %u, "
+               "PV gemm %u; segments' prologues %u (q wait %u), epilogues %u (sums %u, staging %u, stores %u, "
+               "merge %u)\n",
                role, slots[kPairs], slots[kPairCycles], slots[kLoadWait], slots[kSGemmWait], slots[kPartnerWait],
                slots[kPvGemmWait], slots[kPrologue], slots[kQWait], slots[kEpilogue], slots[kEpilogueSums],
                slots[kEpilogueStaging], slots[kEpilogueStores], slots[kEpilogueMerge]);
