@@ -1,5 +1,6 @@
-"""Host-side checks of the sm_90a kernel's layout algebra (cutlass_kernels/tests/layout_check.cu):
-compiled with nvcc and run on the CPU, so CI checks them without a GPU."""
+"""Host-side checks of the sm_90a kernel's layout algebra (cutlass_kernels/tests/layout_check.cu) and
+of the FP8 GEMM operands (cutlass_kernels/tests/fp8_operands_check.cu): compiled with nvcc and run
+on the CPU, so CI checks them without a GPU."""
 
 import shutil
 import subprocess
@@ -10,7 +11,11 @@ import pytest
 from ddtree_op.build import cutlass_include_dir, kernel_source_dir
 
 
-def test_sm90_layouts_hold_on_the_host(tmp_path):
+@pytest.mark.parametrize("check, passed", [
+    ("layout_check", "all layout checks passed"),
+    ("fp8_operands_check", "all FP8 operand checks passed"),
+])
+def test_sm90_layouts_hold_on_the_host(tmp_path, check, passed):
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc not found: the host-side layout check needs the CUDA compiler")
@@ -19,10 +24,10 @@ def test_sm90_layouts_hold_on_the_host(tmp_path):
     except RuntimeError as exc:
         pytest.skip(str(exc))
     # The check is not package code: it lies in the repository (or the sdist), not in a wheel.
-    source = Path(__file__).resolve().parents[1] / "cutlass_kernels" / "tests" / "layout_check.cu"
-    binary = tmp_path / "layout_check"
+    source = Path(__file__).resolve().parents[1] / "cutlass_kernels" / "tests" / f"{check}.cu"
+    binary = tmp_path / check
     subprocess.run([nvcc, "-std=c++17", "--expt-relaxed-constexpr", f"-I{include}", f"-I{kernel_source_dir()}",
                     str(source), "-o", str(binary)], check=True, capture_output=True, text=True)
     result = subprocess.run([str(binary)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "all layout checks passed" in result.stdout
+    assert passed in result.stdout
