@@ -4,7 +4,7 @@
 //   O += P V:   A = P (hi and lo parts; registers or shared memory), B = V^T (512 x 64 keys),
 // every shared tile in the 64-byte swizzle (9 chunks of 64 columns for the 576-wide rows).
 // V^T is the tile's first 512 columns transposed, with the keys of each 32-key block in the
-// order kSlotKey, the order in which the S accumulator's registers reach the A operand of an
+// order slot_key, the order in which the S accumulator's registers reach the A operand of an
 // FP8 P V GEMM: so P needs no exchange between threads, only a pick of its own registers
 // (p_register_of) before the e4m3 packing. tests/fp8_operands_check.cu checks all of it on the
 // host against CuTe and an emulation of ldmatrix / stmatrix.
@@ -13,6 +13,10 @@
 #include <cstdint>
 
 #include <cuda_fp16.h>
+#include <cutlass/arch/barrier.h>
+
+#include "async_copy.cuh"
+#include "numeric.cuh"  // unpack_pair
 
 namespace ddtree::sm90 {
 
@@ -61,6 +65,121 @@ __host__ __device__ constexpr TransposeLane transpose_lane(int lane) {
 // loaded registers 2 (m / 2) and 2 (m / 2) + 1).
 __host__ __device__ constexpr uint32_t transpose_selector(int m) { return m % 2 ? 0x7531u : 0x6420u; }
 
+// Piece n of gather thread `thread` (0..127) of a 64-row e4m3 KV tile: the 16 bytes of row `row`
+// from byte column `col`. The pieces of fp8_tile.cuh's copy: in warp w, lane l takes rows
+// 16 w + 4 i + l / 8 (i = 0..3), the 8 lanes of a row its 128 contiguous bytes of each pair of
+// chunks (pieces n = 4 pair + i); the rope chunk two rows a lane (n = 16 + k: row i = k + 2 (l % 8 / 4)).
+__host__ __device__ constexpr void kv_piece(int thread, int n, int& row, int& col) {
+  const int lane = thread % 32, p = lane % 8, first_row = 16 * (thread / 32) + lane / 8;
+  if (n < 16) {
+    row = first_row + 4 * (n % 4);
+    col = 128 * (n / 4) + 64 * (p / 4) + 16 * (p % 4);
+  } else {
+    row = first_row + 4 * (n - 16 + 2 * (p / 4));
+    col = 512 + 16 * (p % 4);
+  }
+}
+// The pieces of chunks [first_chunk, last_chunk) (first_chunk even): 4 per pair of chunks, and the
+// two rope pieces where the range ends with the rope chunk.
+__host__ __device__ constexpr int kv_piece_begin(int first_chunk) { return 2 * first_chunk; }
+__host__ __device__ constexpr int kv_piece_end(int last_chunk) { return last_chunk == 9 ? 18 : 2 * last_chunk; }
+
+// Two floats as e4m3 (rounded, saturated to +-448), `lo` in the low byte.
+__device__ __forceinline__ uint16_t e4m3x2_of(float lo, float hi) {
+  uint16_t out;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
+  return out;
+}
+// The two values of e4m3x2_of's result as floats.
+__device__ __forceinline__ float2 float2_of_e4m3x2(uint16_t pair) {
+  uint32_t halves;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(pair));
+  return __half22float2(*reinterpret_cast<const __half2*>(&halves));
+}
+
+// A pair of values as two e4m3 pairs whose sums are the values to ~2^-8: hi = e4m3(v), lo =
+// e4m3(v - hi) (the parts of q and of P that the FP8 GEMMs take twice).
+__device__ __forceinline__ void e4m3x2_split(float a, float b, uint16_t& hi, uint16_t& lo) {
+  hi = e4m3x2_of(a, b);
+  const float2 back = float2_of_e4m3x2(hi);
+  lo = e4m3x2_of(a - back.x, b - back.y);
+}
+
+// The q tile as the A operand of S, in two e4m3 parts: hi = e4m3(q x scale), lo = e4m3(q x scale
+// - hi), under one scale for the whole row block (on the host a scale per row was no more
+// accurate: docs/kernel-log.md, 2026-12-05), written by the 256 GEMM threads, 4 a row: thread
+// tid takes row tid / 4 (zeros where !valid) and piece tid % 4 (16 values) of each 64-column
+// chunk. warp_max: 8 floats of shared memory; barrier: a named barrier id for the 256 threads.
+// Returns 1 / scale, the factor of S. The caller fences (generic -> async proxy) and syncs before
+// a GEMM reads the tile.
+template <class Element>
+__device__ __forceinline__ float quantize_q_tile(uint32_t q_hi, uint32_t q_lo, const Element* q_row, bool valid, int tid,
+                                                 float* warp_max, uint32_t barrier) {
+  constexpr int kChunks = 9, kPieceValues = 16;
+  const int row = tid / 4, piece = tid % 4;
+  uint4 raw[kChunks][2];
+  float amax = 0.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      raw[c][h] = valid ? __ldg(reinterpret_cast<const uint4*>(q_row + 64 * c + kPieceValues * piece + 8 * h)) : make_uint4(0, 0, 0, 0);
+      const uint32_t words[4] = {raw[c][h].x, raw[c][h].y, raw[c][h].z, raw[c][h].w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const float2 v = unpack_pair<Element>(words[w]);
+        amax = fmaxf(amax, fmaxf(fabsf(v.x), fabsf(v.y)));
+      }
+    }
+  }
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffff, amax, offset));
+  if (tid % 32 == 0) warp_max[tid / 32] = amax;
+  cutlass::arch::NamedBarrier::sync(256, barrier);
+#pragma unroll
+  for (int w = 0; w < 8; ++w) amax = fmaxf(amax, warp_max[w]);
+  const float scale = amax > 0.f ? 448.f / amax : 1.f;
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {  // value pairs 2 w, 2 w + 1 of the piece
+      const uint4& r = raw[c][w / 4];
+      const uint32_t word = (w % 4 == 0) ? r.x : (w % 4 == 1) ? r.y : (w % 4 == 2) ? r.z : r.w;
+      const float2 v = unpack_pair<Element>(word);
+      uint16_t h, l;
+      e4m3x2_split(v.x * scale, v.y * scale, h, l);
+      hi[w / 2] = w % 2 ? hi[w / 2] | uint32_t(h) << 16 : uint32_t(h);
+      lo[w / 2] = w % 2 ? lo[w / 2] | uint32_t(l) << 16 : uint32_t(l);
+    }
+    const uint32_t at = sw64_byte_offset<64>(row, 64 * c + kPieceValues * piece);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(q_hi + at), "r"(hi[0]), "r"(hi[1]), "r"(hi[2]), "r"(hi[3])
+                 : "memory");
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(q_lo + at), "r"(lo[0]), "r"(lo[1]), "r"(lo[2]), "r"(lo[3])
+                 : "memory");
+  }
+  return amax > 0.f ? amax / 448.f : 1.f;
+}
+
+// Copies gather thread `thread`'s pieces of chunks [kFirst, kLast) of a KV tile (slot[i] < 0: zeros)
+// into the 64-byte swizzle at shared address `tile`; each chunk's barrier completes when the 128
+// threads' pieces have landed.
+template <int kFirst, int kLast>
+__device__ __forceinline__ void copy_kv_sw64(int thread, uint32_t tile, const uint8_t* kv, int64_t kv_stride,
+                                             const int (&slot)[4], uint64_t* chunk_full) {
+  static_assert(kFirst % 2 == 0 && (kLast % 2 == 0 || kLast == 9), "whole pairs of chunks, and the rope chunk");
+#pragma unroll
+  for (int n = kv_piece_begin(kFirst); n < kv_piece_end(kLast); ++n) {
+    int row = 0, col = 0;
+    kv_piece(thread, n, row, col);
+    // Row 16 w + 4 i + l / 8 has slot[i] (constant indices: no local memory).
+    const int s = n < 16 ? slot[n % 4] : ((thread % 8) / 4 ? slot[n - 16 + 2] : slot[n - 16]);
+    cp_async_16(tile + sw64_byte_offset<64>(row, col), kv + int64_t(s < 0 ? 0 : s) * kv_stride + col, s >= 0);
+  }
+#pragma unroll
+  for (int c = kFirst; c < kLast; ++c) cutlass::arch::cpasync_barrier_arrive_noinc(&chunk_full[c]);
+}
+
 // One warp's step of the transpose: keys [32 block, + 32) x columns [n0, n0 + 16) of the e4m3 KV
 // tile at shared address `tile` into V^T at `vt`; n0 a multiple of 16.
 __device__ __forceinline__ void transpose_v_step(uint32_t tile, uint32_t vt, int block, int n0, int lane) {
@@ -77,22 +196,9 @@ __device__ __forceinline__ void transpose_v_step(uint32_t tile, uint32_t vt, int
                : "memory");
 }
 
-// Two floats as e4m3 (rounded, saturated to +-448), `lo` in the low byte.
-__device__ __forceinline__ uint16_t e4m3x2_of(float lo, float hi) {
-  uint16_t out;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
-  return out;
-}
-// The two values of e4m3x2_of's result as floats.
-__device__ __forceinline__ float2 float2_of_e4m3x2(uint16_t pair) {
-  uint32_t halves;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(pair));
-  return __half22float2(*reinterpret_cast<const __half2*>(&halves));
-}
-
 // P (the S accumulator's exponentials, compact fragment of 32 values) as the registers of an FP8
-// P V GEMM's A operand, in two e4m3 parts whose sum is P to ~2^-8: hi = e4m3(P), lo =
-// e4m3(P - hi); register i of each takes values p_register_of(i, 0..3).
+// P V GEMM's A operand, in hi and lo parts (e4m3x2_split); register i of each takes values
+// p_register_of(i, 0..3).
 template <class Probs>
 __device__ __forceinline__ void p_as_e4m3_operands(const Probs& p, uint32_t (&hi)[8], uint32_t (&lo)[8]) {
 #pragma unroll
@@ -100,11 +206,10 @@ __device__ __forceinline__ void p_as_e4m3_operands(const Probs& p, uint32_t (&hi
     uint32_t hi_word = 0, lo_word = 0;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float a = p(p_register_of(reg, 2 * half)), b = p(p_register_of(reg, 2 * half + 1));
-      const uint16_t h = e4m3x2_of(a, b);
-      const float2 back = float2_of_e4m3x2(h);
+      uint16_t h, l;
+      e4m3x2_split(p(p_register_of(reg, 2 * half)), p(p_register_of(reg, 2 * half + 1)), h, l);
       hi_word |= uint32_t(h) << (16 * half);
-      lo_word |= uint32_t(e4m3x2_of(a - back.x, b - back.y)) << (16 * half);
+      lo_word |= uint32_t(l) << (16 * half);
     }
     hi[reg] = hi_word;
     lo[reg] = lo_word;

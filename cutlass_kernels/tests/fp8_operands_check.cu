@@ -8,6 +8,8 @@
 // 3. The V^T transpose (transpose_lane, transpose_selector), run through an emulation of
 //    ldmatrix.trans.x4 and stmatrix.x4 on a random 64 x 512 tile, writes V^T[n][slot] =
 //    V[key of the slot][n] at every byte.
+// 4. The gather's pieces (kv_piece) cover a 64 x 576 tile once each, and each release group's
+//    pieces (kv_piece_begin / kv_piece_end of chunks 0-3 and 4-8) lie in its chunks.
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -130,6 +132,25 @@ int main() {
   }
   if (transpose_failures) std::printf("transpose: %d bytes of V^T wrong\n", transpose_failures);
   failures += transpose_failures;
+
+  // 4. The gather's pieces.
+  static int covered[64][36];
+  for (auto& row : covered) for (int& c : row) c = 0;
+  const int groups[2][2] = {{0, 4}, {4, 9}};
+  for (const auto& g : groups) {
+    for (int t = 0; t < 128; ++t) {
+      for (int n = ddtree::sm90::kv_piece_begin(g[0]); n < ddtree::sm90::kv_piece_end(g[1]); ++n) {
+        int row = -1, col = -1;
+        ddtree::sm90::kv_piece(t, n, row, col);
+        if (row < 0 || row >= 64 || col < 0 || col % 16 != 0 || col / 64 < g[0] || col / 64 >= g[1]) {
+          failures++;
+          continue;
+        }
+        covered[row][col / 16]++;
+      }
+    }
+  }
+  for (auto& row : covered) for (int c : row) if (c != 1) failures++;
 
   std::printf("%s (%d failures)\n", failures ? "FAILED" : "all FP8 operand checks passed", failures);
   return failures ? 1 : 0;
