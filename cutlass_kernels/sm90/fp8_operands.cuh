@@ -65,6 +65,23 @@ __host__ __device__ constexpr TransposeLane transpose_lane(int lane) {
 // loaded registers 2 (m / 2) and 2 (m / 2) + 1).
 __host__ __device__ constexpr uint32_t transpose_selector(int m) { return m % 2 ? 0x7531u : 0x6420u; }
 
+// A warpgroup transposes a tile in 64 warp steps, 16 a warp: warp w's step i is key block w / 2,
+// columns n0 = 16 (16 (w % 2) + i). Its lane's addresses from three values it keeps:
+// load = load_base + 4096 (i / 4) + (load_unit ^ 16 (i % 4)), store = store_base + 1024 i
+// (transpose_step_offsets; the check compares them with transpose_lane's).
+struct TransposeBases {
+  uint32_t load_base, load_unit, store_base;
+};
+__host__ __device__ constexpr TransposeBases transpose_bases(int warp, int lane) {
+  const int m = lane / 8, r = lane % 8, block = warp / 2, row = 2 * r + m % 2;
+  return TransposeBases{uint32_t(block * 2048 + (warp % 2) * 16384 + m * 512 + r * 64), uint32_t((r / 2) * 16),
+                        uint32_t((warp % 2) * 16384 + (row / 8) * 512 + (row % 8) * 64 + (((2 * block + m / 2) ^ ((row % 8) / 2)) * 16))};
+}
+__host__ __device__ constexpr uint32_t transpose_load_offset(const TransposeBases& b, int i) {
+  return b.load_base + 4096 * (i / 4) + (b.load_unit ^ uint32_t(16 * (i % 4)));
+}
+__host__ __device__ constexpr uint32_t transpose_store_offset(const TransposeBases& b, int i) { return b.store_base + 1024 * i; }
+
 // Piece n of gather thread `thread` (0..127) of a 64-row e4m3 KV tile: the 16 bytes of row `row`
 // from byte column `col`. The pieces of fp8_tile.cuh's copy: in warp w, lane l takes rows
 // 16 w + 4 i + l / 8 (i = 0..3), the 8 lanes of a row its 128 contiguous bytes of each pair of
@@ -83,6 +100,37 @@ __host__ __device__ constexpr void kv_piece(int thread, int n, int& row, int& co
 // two rope pieces where the range ends with the rope chunk.
 __host__ __device__ constexpr int kv_piece_begin(int first_chunk) { return 2 * first_chunk; }
 __host__ __device__ constexpr int kv_piece_end(int last_chunk) { return last_chunk == 9 ? 18 : 2 * last_chunk; }
+
+// The same pieces' tile offsets from two values a thread keeps: piece n < 16 (pair n / 4, row
+// i = n % 4) is at base[i % 2] + 8192 (n / 4) + 512 (i / 2); rope piece 16 + k at base[k] + rope,
+// rope = 32768 - 3584 (lane % 8 / 4). kv_piece_offset is that sum; the check compares it with
+// sw64_byte_offset of kv_piece.
+struct KvPieceBases {
+  uint32_t base[2];
+  uint32_t rope;
+};
+__host__ __device__ constexpr KvPieceBases kv_piece_bases(int thread) {
+  const int lane = thread % 32, p = lane % 8, x = (lane / 8) / 2;
+  const uint32_t d0 = uint32_t((p / 4) * 4096 + 2 * (thread / 32) * 512 + (lane / 8) * 64);
+  return KvPieceBases{{d0 + uint32_t(((p % 4) ^ x) * 16), d0 + 256 + uint32_t(((p % 4) ^ (x + 2)) * 16)},
+                      uint32_t(32768 - 3584 * (p / 4))};
+}
+__host__ __device__ constexpr uint32_t kv_piece_offset(const KvPieceBases& b, int n) {
+  return n < 16 ? b.base[(n % 4) % 2] + 8192 * (n / 4) + 512 * ((n % 4) / 2) : b.base[n - 16] + b.rope;
+}
+
+// Where register `reg` of P (rows my_row + 8 j, slots 32 kb + 16 h + 4 quad_lane .. + 3, as in
+// p_register_of) goes in a 64 x 64 P tile: base + 512 j + (swizzle ^ 16 (reg / 2)), from the
+// row's base and swizzle term (the check compares it with sw64_byte_offset).
+struct PTileRow {
+  uint32_t base, swizzle;
+};
+__host__ __device__ constexpr PTileRow p_tile_row(int my_row, int quad_lane) {
+  return PTileRow{uint32_t((my_row / 8) * 512 + (my_row % 8) * 64 + 4 * quad_lane), uint32_t(((my_row % 8) / 2) * 16)};
+}
+__host__ __device__ constexpr uint32_t p_tile_offset(const PTileRow& r, int reg) {
+  return r.base + 512 * (reg % 2) + (r.swizzle ^ uint32_t(16 * (reg / 2)));
+}
 
 // Two floats as e4m3 (rounded, saturated to +-448), `lo` in the low byte.
 __device__ __forceinline__ uint16_t e4m3x2_of(float lo, float hi) {
@@ -168,32 +216,46 @@ template <int kFirst, int kLast>
 __device__ __forceinline__ void copy_kv_sw64(int thread, uint32_t tile, const uint8_t* kv, int64_t kv_stride,
                                              const int (&slot)[4], uint64_t* chunk_full) {
   static_assert(kFirst % 2 == 0 && (kLast % 2 == 0 || kLast == 9), "whole pairs of chunks, and the rope chunk");
+  // Opaque copies of the bases: the 36 offsets of a pair's two tiles, derived from them here, are
+  // not hoisted out of the gather's pair loop and held across it (the gather has 56 registers).
+  KvPieceBases b = kv_piece_bases(thread);
+  asm volatile("mov.b32 %0, %0;" : "+r"(b.base[0]));
+  asm volatile("mov.b32 %0, %0;" : "+r"(b.base[1]));
+  asm volatile("mov.b32 %0, %0;" : "+r"(b.rope));
+  const int src_col = 64 * ((thread % 8) / 4) + 16 * (thread % 4);
 #pragma unroll
   for (int n = kv_piece_begin(kFirst); n < kv_piece_end(kLast); ++n) {
-    int row = 0, col = 0;
-    kv_piece(thread, n, row, col);
     // Row 16 w + 4 i + l / 8 has slot[i] (constant indices: no local memory).
     const int s = n < 16 ? slot[n % 4] : ((thread % 8) / 4 ? slot[n - 16 + 2] : slot[n - 16]);
-    cp_async_16(tile + sw64_byte_offset<64>(row, col), kv + int64_t(s < 0 ? 0 : s) * kv_stride + col, s >= 0);
+    const int col = n < 16 ? 128 * (n / 4) + src_col : 512 + src_col % 64;
+    cp_async_16(tile + kv_piece_offset(b, n), kv + int64_t(s < 0 ? 0 : s) * kv_stride + col, s >= 0);
   }
 #pragma unroll
   for (int c = kFirst; c < kLast; ++c) cutlass::arch::cpasync_barrier_arrive_noinc(&chunk_full[c]);
 }
 
-// One warp's step of the transpose: keys [32 block, + 32) x columns [n0, n0 + 16) of the e4m3 KV
-// tile at shared address `tile` into V^T at `vt`; n0 a multiple of 16.
-__device__ __forceinline__ void transpose_v_step(uint32_t tile, uint32_t vt, int block, int n0, int lane) {
-  const TransposeLane l = transpose_lane(lane);
+// One warp step of the transpose: ldmatrix.trans from `load` (shared address of this lane's row
+// of keys), byte permutes, stmatrix to `store` (its row of V^T).
+__device__ __forceinline__ void transpose_v_step(uint32_t load, uint32_t store) {
   uint32_t r[4], w[4];
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(tile + sw64_byte_offset<64>(32 * block + l.load_key, n0)));
+               : "r"(load));
 #pragma unroll
   for (int m = 0; m < 4; ++m) w[m] = __byte_perm(r[2 * (m / 2)], r[2 * (m / 2) + 1], transpose_selector(m));
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                   vt + sw64_byte_offset<512>(n0 + l.store_row, 32 * block + l.store_slot)),
-               "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(store), "r"(w[0]), "r"(w[1]),
+               "r"(w[2]), "r"(w[3])
                : "memory");
+}
+
+// Warp `warp`'s 16 steps of a warpgroup's transpose of the tile at `tile` into V^T at `vt`.
+__device__ __forceinline__ void transpose_v_warp(uint32_t tile, uint32_t vt, int warp, int lane) {
+  TransposeBases b = transpose_bases(warp, lane);
+  asm volatile("mov.b32 %0, %0;" : "+r"(b.load_base));  // recomputed per tile, not held (see copy_kv_sw64)
+  asm volatile("mov.b32 %0, %0;" : "+r"(b.load_unit));
+  asm volatile("mov.b32 %0, %0;" : "+r"(b.store_base));
+#pragma unroll
+  for (int i = 0; i < 16; ++i) transpose_v_step(tile + transpose_load_offset(b, i), vt + transpose_store_offset(b, i));
 }
 
 // P (the S accumulator's exponentials, compact fragment of 32 values) as the registers of an FP8

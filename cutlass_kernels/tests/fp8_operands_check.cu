@@ -4,12 +4,14 @@
 // 1. sw64_byte_offset is CuTe's 64-byte-swizzled K-major e4m3 layout (q and KV tiles, V^T, P).
 // 2. P as the A operand of an FP8 P V GEMM: value v of register `reg` (p_register_of) is the S
 //    accumulator value of the same row and of the key that its slot holds (slot_key), in every
-//    thread, and slot_key is a permutation of each 32-key block.
+//    thread, and slot_key is a permutation of each 32-key block; p_tile_offset puts a register's
+//    four values at their row and slots of a P tile.
 // 3. The V^T transpose (transpose_lane, transpose_selector), run through an emulation of
 //    ldmatrix.trans.x4 and stmatrix.x4 on a random 64 x 512 tile, writes V^T[n][slot] =
 //    V[key of the slot][n] at every byte.
-// 4. The gather's pieces (kv_piece) cover a 64 x 576 tile once each, and each release group's
-//    pieces (kv_piece_begin / kv_piece_end of chunks 0-3 and 4-8) lie in its chunks.
+// 4. The gather's pieces (kv_piece) cover a 64 x 576 tile once each, each release group's pieces
+//    (kv_piece_begin / kv_piece_end of chunks 0-3 and 4-8) lie in its chunks, and kv_piece_offset
+//    (from a thread's bases) is each piece's sw64 offset; so are the transpose's steps from theirs.
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -101,6 +103,20 @@ int main() {
     }
   }
 
+  // ... and where each register goes in a P tile for the other warpgroup (rows my_row + 8 j of
+  // the register's slots; the same for every quad lane).
+  for (int t = 0; t < 128; ++t) {
+    const int my_row = (t / 32) * 16 + (t % 32) / 4, quad = t % 4;
+    for (int reg = 0; reg < 8; ++reg) {
+      const int slot = 32 * (reg / 4) + 16 * ((reg / 2) % 2) + 4 * quad;
+      if (ddtree::sm90::p_tile_offset(ddtree::sm90::p_tile_row(my_row, quad), reg) != sw64_byte_offset<64>(my_row + 8 * (reg % 2), slot)) {
+        failures++;
+      }
+      auto a = mma_pv.get_slice(t).partition_A(ident);
+      if (get<0>(a(4 * reg)) != my_row + 8 * (reg % 2) || get<1>(a(4 * reg)) != slot) failures++;
+    }
+  }
+
   // 3. The transpose, on random bytes.
   static uint8_t kv[64 * 576], vt[512 * 64];
   std::mt19937 rng(1);
@@ -131,6 +147,21 @@ int main() {
     }
   }
   if (transpose_failures) std::printf("transpose: %d bytes of V^T wrong\n", transpose_failures);
+  // The warps' steps from their bases: the same addresses as transpose_lane's.
+  for (int warp = 0; warp < 4; ++warp) {
+    for (int l = 0; l < 32; ++l) {
+      const auto b = ddtree::sm90::transpose_bases(warp, l);
+      const auto lane = ddtree::sm90::transpose_lane(l);
+      for (int i = 0; i < 16; ++i) {
+        const int step = 16 * warp + i, block = step / 32, n0 = 16 * (step % 32);
+        if (ddtree::sm90::transpose_load_offset(b, i) != sw64_byte_offset<64>(32 * block + lane.load_key, n0)) transpose_failures++;
+        if (ddtree::sm90::transpose_store_offset(b, i) != sw64_byte_offset<512>(n0 + lane.store_row, 32 * block + lane.store_slot)) {
+          transpose_failures++;
+        }
+      }
+    }
+  }
+  if (transpose_failures) std::printf("transpose steps: %d failures\n", transpose_failures);
   failures += transpose_failures;
 
   // 4. The gather's pieces.
@@ -147,6 +178,7 @@ int main() {
           continue;
         }
         covered[row][col / 16]++;
+        if (ddtree::sm90::kv_piece_offset(ddtree::sm90::kv_piece_bases(t), n) != sw64_byte_offset<64>(row, col)) failures++;
       }
     }
   }
