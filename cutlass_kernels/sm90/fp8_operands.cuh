@@ -154,8 +154,8 @@ __device__ __forceinline__ void e4m3x2_split(float a, float b, uint16_t& hi, uin
 }
 
 // The q tile as the A operand of S, in two e4m3 parts: hi = e4m3(q x scale), lo = e4m3(q x scale
-// - hi), under one scale for the whole row block (on the host a scale per row was no more
-// accurate: docs/kernel-log.md, 2026-12-05), written by the 256 GEMM threads, 4 a row: thread
+// - hi), under one power-of-two scale for the whole row block (on the host a scale per row was no
+// more accurate: docs/kernel-log.md, 2026-12-05), written by the 256 GEMM threads, 4 a row: thread
 // tid takes row tid / 4 (zeros where !valid) and piece tid % 4 (16 values) of each 64-column
 // chunk. warp_max: 8 floats of shared memory; barrier: a named barrier id for the 256 threads.
 // Returns 1 / scale, the factor of S. The caller fences (generic -> async proxy) and syncs before
@@ -186,7 +186,12 @@ __device__ __forceinline__ float quantize_q_tile(uint32_t q_hi, uint32_t q_lo, c
   cutlass::arch::NamedBarrier::sync(256, barrier);
 #pragma unroll
   for (int w = 0; w < 8; ++w) amax = fmaxf(amax, warp_max[w]);
-  const float scale = amax > 0.f ? 448.f / amax : 1.f;
+  // A power of two, so that q x scale is still a bf16 value (8 significant bits), which hi + lo
+  // (4 + 4) then hold exactly, down to e4m3's subnormals: the largest 2^k with amax 2^k <= 448.
+  int exponent = 0;
+  const float mantissa = frexpf(amax, &exponent);  // amax = mantissa 2^exponent, mantissa in [0.5, 1)
+  const int k = amax > 0.f ? min(126, (mantissa <= 0.875f ? 9 : 8) - exponent) : 0;  // 448 = 0.875 x 2^9
+  const float scale = ldexpf(1.f, k);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
     uint32_t hi[4], lo[4];
@@ -206,7 +211,7 @@ __device__ __forceinline__ float quantize_q_tile(uint32_t q_hi, uint32_t q_lo, c
     asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(q_lo + at), "r"(lo[0]), "r"(lo[1]), "r"(lo[2]), "r"(lo[3])
                  : "memory");
   }
-  return amax > 0.f ? amax / 448.f : 1.f;
+  return ldexpf(1.f, -k);
 }
 
 // Copies gather thread `thread`'s pieces of chunks [kFirst, kLast) of a KV tile (slot[i] < 0: zeros)
