@@ -13,6 +13,14 @@ could hold them, each against the float64 reference on the same dequantized cach
 Random normal q (in bf16, as the op takes it) and KV (scaled by the spread, then rounded to e4m3
 with a per-tensor scale); the reference is float64 on those same values.
 Prints the relative error ||out - ref|| / ||ref|| of each pair; the op's bound is 2e-2.
+
+  python -m bench.fp8_split_accuracy --online
+
+models instead the sm90 FP8-compute kernel's softmax (bench/variants/f8mma.diff): q in hi + lo
+under a power-of-two scale per 64-row block, 64-key tiles, a row maximum that moves only when a
+tile's is `rise` above it, P = exp2(logit - max + offset) in hi + lo e4m3, fp32 accumulation
+(the tensor cores' accumulation precision is not modelled), for the bf16 kernel's rule (rise 8,
+offset 0) and the FP8 kernel's (rise 2, offset 6), at prefixes 4 K to 128 K.
 """
 
 from __future__ import annotations
@@ -60,11 +68,51 @@ def errors(prefix: int, spread: float, generator: torch.Generator) -> dict[str, 
     return result
 
 
+def e4m3_pair(x: torch.Tensor) -> torch.Tensor:
+    """hi + lo e4m3 with no scale (P as the kernel splits it)."""
+    hi = x.to(E4M3).float()
+    return hi + (x - hi).to(E4M3).float()
+
+
+def e4m3_pair_pow2_block(x: torch.Tensor) -> torch.Tensor:
+    """hi + lo e4m3 under the largest power-of-two scale that keeps the block's maximum <= 448."""
+    mantissa, exponent = torch.frexp(x.abs().amax())
+    scale = 2.0 ** int((9 if mantissa <= 0.875 else 8) - exponent)
+    return e4m3_pair(x * scale) / scale
+
+
+def online_error(prefix: int, rise: float, offset: float, generator: torch.Generator, sm_scale: float = 0.1352) -> float:
+    q = torch.randn(64, 576, generator=generator).bfloat16().float()
+    kv = e4m3_tensor(torch.randn(prefix, 576, generator=generator))
+    ref = torch.softmax(q.double() @ kv.double().T * sm_scale, -1) @ kv[:, :512].double()
+    logits = e4m3_pair_pow2_block(q) @ kv.T * (sm_scale / math.log(2))  # base 2
+    row_max = torch.full((64,), -math.inf)
+    out, row_sum = torch.zeros(64, 512), torch.zeros(64)
+    for key in range(0, prefix, 64):
+        tile = logits[:, key:key + 64]
+        tile_max = tile.amax(-1)
+        moves = tile_max - row_max > rise
+        new_max = torch.where(moves, tile_max, row_max)
+        factor = torch.nan_to_num(torch.where(moves, torch.exp2(row_max - new_max), torch.ones(64)), nan=0.0)
+        row_max = new_max
+        p = torch.exp2(tile - row_max[:, None] + offset)
+        out = out * factor[:, None] + e4m3_pair(p) @ kv[key:key + 64, :512]
+        row_sum = row_sum * factor + p.sum(-1)
+    return ((out / row_sum[:, None]).double() - ref).norm().item() / ref.norm().item()
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--online", action="store_true", help="model the FP8-compute kernel's online softmax")
     args = parser.parse_args(argv)
     generator = torch.Generator().manual_seed(args.seed)
+    if args.online:
+        print(f"{'prefix':>8}{'rise 8, offset 0':>20}{'rise 2, offset 6':>20}")
+        for prefix in (4096, 32768, 131072):
+            bf16_rule, fp8_rule = online_error(prefix, 8.0, 0.0, generator), online_error(prefix, 2.0, 6.0, generator)
+            print(f"{prefix:>8}{bf16_rule:>20.1e}{fp8_rule:>20.1e}")
+        return
     rows = [(p, s, errors(p, s, generator)) for p, s in ((1024, 1.0), (8192, 1.0), (8192, 3.0), (32768, 1.0))]
     names = list(rows[0][2])
     print(f"{'prefix, KV spread':18}" + "".join(f"{n:>27}" for n in names))
