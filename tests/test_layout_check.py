@@ -24,7 +24,7 @@ def test_sm90_layouts_hold_on_the_host(tmp_path, check, passed):
 
 @needs_cuda
 @needs_sm90
-def test_fp8_operands_hold_on_the_gpu(tmp_path):
+def test_fp8_operands_hold_on_an_sm90_gpu(tmp_path):
     run_check(tmp_path, "fp8_operands_gpu", "all FP8 operands right on the GPU", "-arch=sm_90a")
 
 
