@@ -86,15 +86,14 @@ __host__ __device__ constexpr uint32_t transpose_store_offset(const TransposeBas
 // from byte column `col`. The pieces of fp8_tile.cuh's copy: in warp w, lane l takes rows
 // 16 w + 4 i + l / 8 (i = 0..3), the 8 lanes of a row its 128 contiguous bytes of each pair of
 // chunks (pieces n = 4 pair + i); the rope chunk two rows a lane (n = 16 + k: row i = k + 2 (l % 8 / 4)).
+// A piece's byte column: src_col = kv_piece_src_col(thread), the thread's column in each 128-byte
+// pair of chunks.
+__host__ __device__ constexpr int kv_piece_src_col(int thread) { return 64 * ((thread % 8) / 4) + 16 * (thread % 4); }
+__host__ __device__ constexpr int kv_piece_col(int src_col, int n) { return n < 16 ? 128 * (n / 4) + src_col : 512 + src_col % 64; }
 __host__ __device__ constexpr void kv_piece(int thread, int n, int& row, int& col) {
   const int lane = thread % 32, p = lane % 8, first_row = 16 * (thread / 32) + lane / 8;
-  if (n < 16) {
-    row = first_row + 4 * (n % 4);
-    col = 128 * (n / 4) + 64 * (p / 4) + 16 * (p % 4);
-  } else {
-    row = first_row + 4 * (n - 16 + 2 * (p / 4));
-    col = 512 + 16 * (p % 4);
-  }
+  row = n < 16 ? first_row + 4 * (n % 4) : first_row + 4 * (n - 16 + 2 * (p / 4));
+  col = kv_piece_col(kv_piece_src_col(thread), n);
 }
 // The pieces of chunks [first_chunk, last_chunk) (first_chunk even): 4 per pair of chunks, and the
 // two rope pieces where the range ends with the rope chunk.
@@ -227,12 +226,12 @@ __device__ __forceinline__ void copy_kv_sw64(int thread, uint32_t tile, const ui
   asm volatile("mov.b32 %0, %0;" : "+r"(b.base[0]));
   asm volatile("mov.b32 %0, %0;" : "+r"(b.base[1]));
   asm volatile("mov.b32 %0, %0;" : "+r"(b.rope));
-  const int src_col = 64 * ((thread % 8) / 4) + 16 * (thread % 4);
+  const int src_col = kv_piece_src_col(thread);
 #pragma unroll
   for (int n = kv_piece_begin(kFirst); n < kv_piece_end(kLast); ++n) {
     // Row 16 w + 4 i + l / 8 has slot[i] (constant indices: no local memory).
     const int s = n < 16 ? slot[n % 4] : ((thread % 8) / 4 ? slot[n - 16 + 2] : slot[n - 16]);
-    const int col = n < 16 ? 128 * (n / 4) + src_col : 512 + src_col % 64;
+    const int col = kv_piece_col(src_col, n);
     cp_async_16(tile + kv_piece_offset(b, n), kv + int64_t(s < 0 ? 0 : s) * kv_stride + col, s >= 0);
   }
 #pragma unroll
