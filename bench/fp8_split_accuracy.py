@@ -43,11 +43,16 @@ def e4m3_rows(x: torch.Tensor) -> torch.Tensor:
     return (x / scale).to(E4M3).float() * scale
 
 
+def e4m3_pair(x: torch.Tensor) -> torch.Tensor:
+    """hi + lo: hi = e4m3(x), lo = e4m3(x - hi), with no scale (two FP8 GEMMs sharing an accumulator)."""
+    hi = x.to(E4M3).float()
+    return hi + (x - hi).to(E4M3).float()
+
+
 def e4m3_pair_rows(x: torch.Tensor) -> torch.Tensor:
-    """hi + lo, both e4m3 under the same scale per row (so two FP8 GEMMs can share an accumulator)."""
+    """hi + lo, both e4m3 under the same scale per row."""
     scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 448.0
-    hi = (x / scale).to(E4M3).float()
-    return (hi + (x / scale - hi).to(E4M3).float()) * scale
+    return e4m3_pair(x / scale) * scale
 
 
 def errors(prefix: int, spread: float, generator: torch.Generator) -> dict[str, float]:
@@ -61,17 +66,11 @@ def errors(prefix: int, spread: float, generator: torch.Generator) -> dict[str, 
         logits = q_used @ kv.T * scale
         e = torch.exp(logits - logits.amax(-1, keepdim=True))
         p_hi = (e * 256).to(E4M3).float()
-        p_pair = (p_hi + (e * 256 - p_hi).to(E4M3).float()) / 256  # both parts under the scale 256
+        p_pair = e4m3_pair(e * 256) / 256  # both parts under the scale 256
         for p_name, p_used in (("P bf16", e.bfloat16().float()), ("P e4m3", p_hi / 256), ("P e4m3 hi+lo", p_pair)):
             out = (p_used @ kv[:, :512]) / e.sum(-1, keepdim=True)
             result[f"{q_name}, {p_name}"] = ((out.double() - ref).norm() / ref.norm()).item()
     return result
-
-
-def e4m3_pair(x: torch.Tensor) -> torch.Tensor:
-    """hi + lo e4m3 with no scale (P as the kernel splits it)."""
-    hi = x.to(E4M3).float()
-    return hi + (x - hi).to(E4M3).float()
 
 
 def e4m3_pair_pow2_block(x: torch.Tensor) -> torch.Tensor:
