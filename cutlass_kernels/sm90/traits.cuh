@@ -86,7 +86,7 @@ struct VerifyTraits {
     float scale0[kRows], scale1[kRows]; // each warpgroup's rescale factor of the current pair
     float row_sum[kMmaWarpgroups][kRows];  // the final sums of both warpgroups
 #ifdef DDTREE_WAIT_CLOCKS
-    unsigned wait_clocks[kWaitRoles][kWaitSlots];  // wait_clocks.cuh: [role][slot]
+    unsigned wait_clocks[kWaitRoles][kWaitSlots];            // wait_clocks.cuh: [role][slot]
     unsigned trace[kWaitRoles][kTraceEvents];                // wait_clocks.cuh: [role][event] of the traced pair
 #endif
   };
