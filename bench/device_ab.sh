@@ -52,9 +52,10 @@ columns=sm90,paged:sm90; [ "${WITH_PREP:-0}" = 1 ] && columns=$columns,prepare_f
 PYTHONPATH=$root python3 -m bench.compare_runs "${specs[@]}" --columns "$columns" > "$OUT/ab.txt" 2>&1
 grep -E "^sm90|^paged|^prepare|^step" "$OUT/ab.txt"
 if [ "${WAIT_CLOCKS:-0}" = 1 ]; then
+  # WAIT_CLOCK_CASES="SHAPE BACKEND [--fp8];...": the cases profiled, instead of the default five.
+  IFS=';' read -r -a WAIT_CLOCK_CASES <<< "${WAIT_CLOCK_CASES:-H128_n64_B8_P8192 paged:sm90;H128_n64_B8_P8192 sm90;H16_n4_B1_P1024 sm90;H128_n64_B8_P8192 sm90 --fp8;H16_n4_B8_P8192 sm90 --fp8}"
   for tree in "$@"; do
-    for case in "H128_n64_B8_P8192 paged:sm90" "H128_n64_B8_P8192 sm90" "H16_n4_B1_P1024 sm90" "H128_n64_B8_P8192 sm90 --fp8" \
-                "H16_n4_B8_P8192 sm90 --fp8"; do
+    for case in "${WAIT_CLOCK_CASES[@]}"; do
       read -r shape backend extra <<< "$case"
       echo "== $tree $shape $backend $extra"
       in_tree "$tree" _wc -DDDTREE_WAIT_CLOCKS timeout 40 python3 -m bench.profile_case "$shape" --backend "$backend" $extra --iters 1 2>&1 \

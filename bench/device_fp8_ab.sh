@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # FP8 gather variants A/B in one device call: trees under .snap/ (bench/snapshot_trees.sh), built
-# in parallel; the first tree's FP8 sm90 tests (${FP8_TESTS}); then, per tree one after another,
+# in parallel; the FP8 sm90 tests (${FP8_TESTS}) of the trees in ${TEST_TREES} (default: the first),
+# side by side; then, per tree one after another,
 # the whole step with the bf16 cache and with the FP8 cache (bench/paged_fp8.py's slot layouts,
 # backend sm90) on ${FP8_CASES}, as the ratio fp8 / bf16 within each tree; with TRITON_TOO=1 the
 # first tree's Triton kernel on the FP8 cache too (the backend `auto` chose for FP8 before).
 #   run(command="bash bench/device_fp8_ab.sh int raw", carry=[".whl", ".snap"])
-# Writes under $OUT: build.log, tests.log, steps_<tree>.txt.
+# Writes under $OUT: build.log, tests_<tree>.log, steps_<tree>.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -18,9 +19,12 @@ done
 wait
 for f in /tmp/build_*.log; do echo "== $f"; grep -v DEBUG "$f" | tail -n 3; done > "$OUT/build.log"
 echo "built at $SECONDS s"
-in_snap_tree "$1" timeout "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider ${FP8_TESTS:-tests/test_fp8.py -k sm90} \
-  > "$OUT/tests.log" 2>&1
-tail -n 2 "$OUT/tests.log"
+for tree in ${TEST_TREES:-$1}; do
+  in_snap_tree "$tree" timeout "${TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider ${FP8_TESTS:-tests/test_fp8.py -k sm90} \
+    > "$OUT/tests_$tree.log" 2>&1 &
+done
+wait
+for tree in ${TEST_TREES:-$1}; do echo "== $tree: $(grep -v DEBUG "$OUT/tests_$tree.log" | tail -n 1)"; done
 echo "tested at $SECONDS s"
 cases=${FP8_CASES:-H16_n4_B8_P8192,H16_n4_B32_P8192,dsv3_H16_chain4_B64_P4k,H16_n16_B32_P8192,H128_n64_B8_P8192}
 for tree in "$@"; do
