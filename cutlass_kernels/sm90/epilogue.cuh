@@ -53,4 +53,45 @@ __device__ __forceinline__ void store_tile_through_smem(uint8_t* smem, AccO cons
   clock.add(kEpilogueStores, stores_start);
 }
 
+// The fp32 partial tile in two steps, so that a warpgroup stages its half as soon as its pair loop
+// ends, while the other may still run (no row sums needed yet):
+// 1. stage_half_unnormalised: warpgroup w's 64 x 256 half of O into shared memory at `half`
+//    (rows of kHalfStride floats: the 8-float pad puts the 4 rows of a float2 store phase on
+//    different banks).
+// 2. store_halves: after a barrier of both warpgroups, each row times its factor (row_factor, in
+//    shared memory) from both halves (the second kHalfDistance floats after the first) to global,
+//    16 bytes a thread (a warp: 512 contiguous bytes).
+constexpr int kHalfStride = 256 + 8;
+
+template <class AccO, class CoordO>
+__device__ __forceinline__ void stage_half_unnormalised(float* half, AccO const& acc_o, CoordO const& coord_o, int my_row) {
+  CUTE_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    float* row = half + (my_row + 8 * j) * kHalfStride;
+    CUTE_UNROLL
+    for (int b = 0; b < size(acc_o) / 4; ++b) {
+      const int i = 4 * b + 2 * j;
+      *reinterpret_cast<float2*>(row + get<1>(coord_o(i))) = make_float2(acc_o(i), acc_o(i + 1));
+    }
+  }
+}
+
+template <int kRows, int kThreads, int kHalfDistance, class RowStart>
+__device__ __forceinline__ void store_halves(const float* half0, const float* row_factor, int valid_rows, int tid,
+                                             RowStart row_start) {
+  constexpr int kVectorsPerHalfRow = 256 / 4;
+#pragma unroll 4
+  for (int v = tid; v < kRows * 2 * kVectorsPerHalfRow; v += kThreads) {
+    const int r = v / (2 * kVectorsPerHalfRow), h = (v / kVectorsPerHalfRow) % 2, col = (v % kVectorsPerHalfRow) * 4;
+    if (r >= valid_rows) continue;
+    const float factor = row_factor[r];
+    float4 x = *reinterpret_cast<const float4*>(half0 + h * kHalfDistance + r * kHalfStride + col);
+    x.x *= factor;
+    x.y *= factor;
+    x.z *= factor;
+    x.w *= factor;
+    *reinterpret_cast<float4*>(row_start(r) + 256 * h + col) = x;
+  }
+}
+
 }  // namespace ddtree::sm90

@@ -185,6 +185,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   // Later segments read the CTA's plan from shared memory (after the segment's barrier): held in
   // registers across the segment loop, it spills.
   __shared__ CtaPlan s_cta_plan;
+  // The persistent kernel's segment and its geometry for the epilogue, which reads them from here
+  // after the pair loop (held in registers across it, they spill). Two of each, by the segment's
+  // parity: segment k's are written before its __syncthreads, which every thread passes only
+  // after its reads of segment k - 2's.
+  __shared__ Segment s_segment[2];
+  __shared__ SegmentGeometry s_geometry[2];
   Segment seg{};
   if constexpr (kPersistent) {
     const CtaPlan cta_plan = read_cta_plan(schedule, p.heads, ctas, p.num_splits, block);
@@ -227,7 +233,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       if constexpr (!kPersistent) {
         break;
       } else {
-        if (!plan_segment(s_cta_plan, block, segment + 1, seg)) break;
+        Segment next{};  // whole, so that nothing of this segment's stays live into the next
+        if (!plan_segment(s_cta_plan, block, segment + 1, next)) break;
+        seg = next;
       }
     }
     wait_clock(*reinterpret_cast<SharedState*>(smem_base + kStateOffset), Traits::kGatherWarpgroup, threadIdx.x % 128)
@@ -256,7 +264,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
 
     const int my_row = (wg_thread / 32) * 16 + (wg_thread % 32) / 4;
     if (num_pairs > 0 && warpgroup == 0 && wg_thread % 4 == 0) st.row_max[my_row] = st.row_max[my_row + 8] = -INFINITY;
-    __syncthreads();  // with the gather's: the row maxima are set before either warpgroup reads them
+    if (kPersistent && tid == 0) {
+      s_segment[segment & 1] = seg;
+      s_geometry[segment & 1] = g;
+    }
+    __syncthreads();  // with the gather's: the row maxima (and s_segment) are set before anyone reads them
     const WaitClock clock = wait_clock(st, warpgroup, wg_thread);
     const long long segment_start = clock.now();
     if (num_pairs > 0) {
@@ -305,50 +317,83 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       st.row_sum[warpgroup][my_row] = row_sum[0];
       st.row_sum[warpgroup][my_row + 8] = row_sum[1];
     }
-    NamedBarrier::arrive_and_wait(kMmaThreads, kEpilogueBarrier);
-    clock.add(kEpilogueSums, epilogue_start);
-    float lse_row[2], inv_sum[2];
-    const float kv_scale = kv_scale_of<kFp8Kv>(p);  // V's too
-    CUTE_UNROLL
-    for (int j = 0; j < 2; ++j) {
-      const float total = row_sum[j] + st.row_sum[1 - warpgroup][my_row + 8 * j];
-      inv_sum[j] = total > 0.f ? kv_scale / total : 0.f;
-      lse_row[j] = total > 0.f ? (st.row_max[my_row + 8 * j] + log2f(total)) * 0.6931471805599453f : -INFINITY;
+    // The segment and its geometry: the persistent kernel's from shared memory (s_segment).
+    SegmentGeometry eg;
+    Segment es;
+    if constexpr (kPersistent) {
+      eg = s_geometry[segment & 1];
+      es = s_segment[segment & 1];
+    } else {
+      eg = g;
+      es = seg;
     }
+    const float kv_scale = kv_scale_of<kFp8Kv>(p);  // V's too
 
     // Row r of the block in out and lse (the merge writes them too).
     auto out_row = [&](int r) {
-      const int row = g.row0 + r;
-      return out + (g.q_lo + row / p.heads) * p.out_stride_token + (row % p.heads) * p.out_stride_head;
+      const int row = eg.row0 + r;
+      return out + (eg.q_lo + row / p.heads) * p.out_stride_token + (row % p.heads) * p.out_stride_head;
     };
     auto lse_at = [&](int r) {
-      const int row = g.row0 + r;
-      return p.lse + (g.q_lo + row / p.heads) * p.lse_stride_token + (row % p.heads) * p.lse_stride_head;
+      const int row = eg.row0 + r;
+      return p.lse + (eg.q_lo + row / p.heads) * p.lse_stride_token + (row % p.heads) * p.lse_stride_head;
     };
-    // lse from warpgroup 0's quad leaders, the tile through shared memory.
-    const int valid_rows = min(kRows, g.num_rows - g.row0);  // only a request's last row block is short
-    if (warpgroup == 0 && wg_thread % 4 == 0) {
-      CUTE_UNROLL
-      for (int j = 0; j < 2; ++j) {
-        const int r = my_row + 8 * j;
-        if (r >= valid_rows) continue;
-        if (g.part_lse_rows == nullptr) *lse_at(r) = lse_row[j];
-        else g.part_lse_rows[r] = lse_row[j];
+    const int valid_rows = min(kRows, eg.num_rows - eg.row0);  // only a request's last row block is short
+    if (eg.part_rows != nullptr) {
+      // fp32 partials: each warpgroup stages its half unnormalised as soon as its loop ends (the
+      // sums are not needed yet): warpgroup 0 over q (read only by S, which both have finished),
+      // warpgroup 1 over stage 0, once warpgroup 0's P0 V0_L (the last reader there besides
+      // warpgroup 1's own) has retired: its release of stage 0's low chunks says so.
+      if (warpgroup == 1 && num_pairs > 0) {  // the segment's last pair's phase
+        cutlass::arch::ClusterBarrier::wait(&st.chunk_empty[SharedState::kStage0Low], (pairs_done + num_pairs - 1) & 1);
       }
-    }
-    if (g.part_rows != nullptr) {
-      store_tile_through_smem<float, kRows, kLatent, kMmaThreads>(
-          smem, acc_o, coord_o, my_row, warpgroup * kHalf, inv_sum, valid_rows, tid,
-          [&](int r) { return g.part_rows + int64_t(r) * kLatent; }, clock);
+      float* const half0 = reinterpret_cast<float*>(smem);  // warpgroup 1's half: kSmemQ bytes on, at stage 0
+      constexpr int kHalfDistance = Traits::kSmemQ / int(sizeof(float));
+      constexpr int kHalfBytes = kRows * kHalfStride * int(sizeof(float));
+      static_assert(kHalfBytes <= Traits::kSmemQ && kHalfBytes <= Traits::kSmemK,
+                    "each half fits over q, the other over stage 0, clear of stage 1 and P1");
+      const long long staging_start = clock.now();
+      stage_half_unnormalised(half0 + warpgroup * kHalfDistance, acc_o, coord_o, my_row);
+      NamedBarrier::arrive_and_wait(kMmaThreads, kEpilogueBarrier);  // both halves and both warpgroups' sums
+      clock.add(kEpilogueStaging, staging_start);
+      if (tid < kRows) {  // row tid's factor (in scale0, free after the pair loop) and lse
+        const float total = st.row_sum[0][tid] + st.row_sum[1][tid];
+        st.scale0[tid] = total > 0.f ? kv_scale / total : 0.f;
+        if (tid < valid_rows) {
+          eg.part_lse_rows[tid] = total > 0.f ? (st.row_max[tid] + log2f(total)) * 0.6931471805599453f : -INFINITY;
+        }
+      }
+      NamedBarrier::arrive_and_wait(kMmaThreads, kEpilogueBarrier);
+      const long long stores_start = clock.now();
+      store_halves<kRows, kMmaThreads, kHalfDistance>(half0, st.scale0, valid_rows, tid,
+                                                       [&](int r) { return eg.part_rows + int64_t(r) * kLatent; });
+      clock.add(kEpilogueStores, stores_start);
       if constexpr (kPersistent) {  // the CTA that writes a row block's last partial merges them (merge.cuh)
         const long long merge_start = clock.now();
-        const PartialSlots slots = partial_slots(s_cta_plan, seg);
-        if (wrote_last_partial<kMmaThreads>(schedule.partials_written(seg.row_block), slots.count, tid)) {
+        const PartialSlots slots = partial_slots(s_cta_plan, es);
+        if (wrote_last_partial<kMmaThreads>(schedule.partials_written(es.row_block), slots.count, tid)) {
           merge_partials<Element, kRows, kLatent, kMmaThreads>(p.part_out, p.part_lse, slots, valid_rows, tid, out_row, lse_at);
         }
         clock.add(kEpilogueMerge, merge_start);
       }
     } else {
+      NamedBarrier::arrive_and_wait(kMmaThreads, kEpilogueBarrier);
+      clock.add(kEpilogueSums, epilogue_start);
+      float lse_row[2], inv_sum[2];
+      CUTE_UNROLL
+      for (int j = 0; j < 2; ++j) {
+        const float total = row_sum[j] + st.row_sum[1 - warpgroup][my_row + 8 * j];
+        inv_sum[j] = total > 0.f ? kv_scale / total : 0.f;
+        lse_row[j] = total > 0.f ? (st.row_max[my_row + 8 * j] + log2f(total)) * 0.6931471805599453f : -INFINITY;
+      }
+      // lse from warpgroup 0's quad leaders, the tile through shared memory.
+      if (warpgroup == 0 && wg_thread % 4 == 0) {
+        CUTE_UNROLL
+        for (int j = 0; j < 2; ++j) {
+          const int r = my_row + 8 * j;
+          if (r < valid_rows) *lse_at(r) = lse_row[j];
+        }
+      }
       store_tile_through_smem<Element, kRows, kLatent, kMmaThreads>(smem, acc_o, coord_o, my_row, warpgroup * kHalf, inv_sum,
                                                                      valid_rows, tid, out_row, clock);
     }
@@ -360,7 +405,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       // The epilogue's staging stores (generic proxy) over stage 0 before the next segment's TMA
       // boxes (async proxy) write it; the segment's __syncthreads orders the two.
       cutlass::arch::fence_view_async_shared();
-      if (!plan_segment(s_cta_plan, block, segment + 1, seg)) break;
+      Segment next{};  // whole, so that nothing of this segment's stays live into the next
+      if (!plan_segment(s_cta_plan, block, segment + 1, next)) break;
+      seg = next;
     }
   }
   const int warpgroup = threadIdx.x / 128;
