@@ -11,6 +11,13 @@ namespace ddtree::sm90 {
 
 using namespace cute;
 
+// A row's factor of O (V's scale over its sum) and its lse, from its sum of exponentials and its
+// maximum (base 2); a row that saw no key gets 0 and -inf.
+__device__ __forceinline__ float row_output_factor(float total, float kv_scale) { return total > 0.f ? kv_scale / total : 0.f; }
+__device__ __forceinline__ float row_lse(float row_max_log2, float total) {
+  return total > 0.f ? (row_max_log2 + log2f(total)) * 0.6931471805599453f : -INFINITY;
+}
+
 // Store of the normalised [kRows, kCols] output tile (O times 1 / row sum), through shared memory
 // so that each thread stores 16 bytes and a warp 512 contiguous bytes (from the accumulator
 // layout a warp store would be 8 rows x 16..32 bytes). The caller guarantees that shared memory
@@ -23,6 +30,7 @@ __device__ __forceinline__ void store_tile_through_smem(uint8_t* smem, AccO cons
                                                         int my_row, int col_base, const float (&inv_sum)[2],
                                                         int valid_rows, int tid, RowStart row_start,
                                                         const WaitClock& clock) {
+  static_assert(sizeof(OutT) == 2, "a 16-bit output: fp32 partials go through stage_half_unnormalised / store_halves");
   const long long staging_start = clock.now();
   constexpr int kStride = kCols + 16 / int(sizeof(OutT));  // one 16-byte pad: a warp's 8 rows on different banks
   OutT* staging = reinterpret_cast<OutT*>(smem);
@@ -32,12 +40,7 @@ __device__ __forceinline__ void store_tile_through_smem(uint8_t* smem, AccO cons
     CUTE_UNROLL
     for (int b = 0; b < size(acc_o) / 4; ++b) {
       const int i = 4 * b + 2 * j;
-      const float first = acc_o(i) * inv_sum[j], second = acc_o(i + 1) * inv_sum[j];
-      if constexpr (std::is_same_v<OutT, float>) {
-        *reinterpret_cast<float2*>(row + get<1>(coord_o(i))) = make_float2(first, second);
-      } else {
-        *reinterpret_cast<uint32_t*>(row + get<1>(coord_o(i))) = pack_pair<OutT>(first, second);
-      }
+      *reinterpret_cast<uint32_t*>(row + get<1>(coord_o(i))) = pack_pair<OutT>(acc_o(i) * inv_sum[j], acc_o(i + 1) * inv_sum[j]);
     }
   }
   cutlass::arch::NamedBarrier::arrive_and_wait(kThreads, 0);

@@ -358,9 +358,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       clock.add(kEpilogueStaging, staging_start);
       if (tid < kRows) {  // row tid's factor (in scale0, free after the pair loop) and lse
         const float total = st.row_sum[0][tid] + st.row_sum[1][tid];
-        st.scale0[tid] = total > 0.f ? kv_scale / total : 0.f;
+        st.scale0[tid] = row_output_factor(total, kv_scale);
         if (tid < valid_rows) {
-          eg.part_lse_rows[tid] = total > 0.f ? (st.row_max[tid] + log2f(total)) * 0.6931471805599453f : -INFINITY;
+          eg.part_lse_rows[tid] = row_lse(st.row_max[tid], total);
         }
       }
       NamedBarrier::arrive_and_wait(kMmaThreads, kEpilogueBarrier);
@@ -383,8 +383,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       CUTE_UNROLL
       for (int j = 0; j < 2; ++j) {
         const float total = row_sum[j] + st.row_sum[1 - warpgroup][my_row + 8 * j];
-        inv_sum[j] = total > 0.f ? kv_scale / total : 0.f;
-        lse_row[j] = total > 0.f ? (st.row_max[my_row + 8 * j] + log2f(total)) * 0.6931471805599453f : -INFINITY;
+        inv_sum[j] = row_output_factor(total, kv_scale);
+        lse_row[j] = row_lse(st.row_max[my_row + 8 * j], total);
       }
       // lse from warpgroup 0's quad leaders, the tile through shared memory.
       if (warpgroup == 0 && wg_thread % 4 == 0) {
