@@ -10,11 +10,12 @@
 #   TESTS=tests RACECHECK=1 COSTS=0 PROCESSES=14 TEST_S=330 GRID_CASES=all \
 #   GRID_BACKENDS=sm90,flashmla,paged:sm90 GRID_S=240 bash bench/device_landing.sh
 #   run(command="bash bench/device_landing.sh", carry=[".whl", ".snap"])
-# Writes $OUT/landing.tgz: gpu_tests.log, grid_step.json, status_cost_grid.log, prep_main.log,
-# prep_old.log, build logs, the tests' logs.
+# Writes $OUT/landing/ as it goes (so a call cut by its time limit still brings back what it did):
+# gpu_tests.log, grid_step.json, status_cost_grid.log, prep_main.log, prep_old.log, build logs,
+# test_logs.tgz (the tests' logs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-root=$PWD R=/tmp/landing; mkdir -p $R
+root=$PWD R=${OUT:-/tmp}/landing; mkdir -p $R
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
 export PYTHONUNBUFFERED=1 DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
 (PYTHONPATH=/tmp/site:$root DDTREE_CACHE_DIR=/tmp/ddc timeout 200 python3 "$root/bench/build_libraries.py" > $R/build.log 2>&1) &
@@ -30,18 +31,18 @@ tests=${TESTS:-tests/test_bounds_safety.py tests/test_bounds_args.py tests/test_
   tests/test_gpu_sm90.py tests/test_gpu_persistent.py tests/test_gpu_backends.py tests/test_opcheck.py tests/test_compile.py \
   tests/test_gpu_attention.py tests/test_fp8.py}
 if [ "${RACECHECK:-0}" = 1 ]; then  # beside the tests: racecheck on three determinism cases of the sm90 kernel
-  timeout ${TEST_S:-200} compute-sanitizer --tool racecheck --print-limit 20 python3 -m pytest -q -p no:cacheprovider \
+  timeout ${TEST_S:-200} compute-sanitizer --tool racecheck --print-limit ${RACECHECK_LIMIT:-20} python3 -m pytest -q -p no:cacheprovider \
     tests/test_gpu_determinism.py -k "sm90 and (H16-B1-n4 or H16-B3 or H128-B8)" > $R/racecheck_sm90.log 2>&1 &
 fi
 python3 -m bench.parallel_tests --processes ${PROCESSES:-12} --timeout ${TEST_S:-200} --log-dir /tmp/tests $tests > $R/gpu_tests.log 2>&1
 echo "tests rc $? at $SECONDS s"; tail -n 3 $R/gpu_tests.log
 wait; [ -f $R/racecheck_sm90.log ] && grep -E "RACECHECK SUMMARY|passed|failed" $R/racecheck_sm90.log
-timeout ${GRID_S:-150} python3 -m bench.verify --cases ${GRID_CASES:-grid} --backends ${GRID_BACKENDS:-sm90,flashmla} --out /tmp/r_step 2>&1 | grep -E "^NVIDIA|wrote"
-cp /tmp/r_step/results.json $R/grid_step.json 2>/dev/null; echo "step grid at $SECONDS s"
-python3 -m bench.step_variants /tmp/r_step/results.json per_layer --small-floor 5 2>&1 | tee $R/per_layer_summary.txt
+timeout ${GRID_S:-150} python3 -m bench.verify --cases ${GRID_CASES:-grid} --backends ${GRID_BACKENDS:-sm90,flashmla} --out $R/step > $R/grid_step.log 2>&1
+grep -E "^NVIDIA|wrote" $R/grid_step.log; cp $R/step/results.json $R/grid_step.json 2>/dev/null; echo "step grid at $SECONDS s"
+python3 -m bench.step_variants $R/grid_step.json per_layer --small-floor 5 2>&1 | tee $R/per_layer_summary.txt
 if [ "${COSTS:-1}" = 0 ]; then
   [ -d /tmp/tests ] && tar czf $R/test_logs.tgz -C /tmp tests
-  tar czf $OUT/landing.tgz -C $R .; echo "done at $SECONDS s"; exit 0
+  echo "done at $SECONDS s"; exit 0
 fi
 names=$(python3 -c "from bench.cases import grid_cases; print(','.join(c.name for c in grid_cases()))")
 timeout 150 python3 bench/time_status.py "$names" --backend sm90 > $R/status_cost_grid.log 2>&1; tail -n 1 $R/status_cost_grid.log
@@ -52,4 +53,3 @@ if [ -d .snap/old ]; then
 fi
 echo "done at $SECONDS s"
 [ -d /tmp/tests ] && tar czf $R/test_logs.tgz -C /tmp tests
-tar czf $OUT/landing.tgz -C $R .
