@@ -37,11 +37,11 @@ fi
 python3 -m bench.parallel_tests --processes ${PROCESSES:-12} --timeout ${TEST_S:-200} --log-dir /tmp/tests $tests > $R/gpu_tests.log 2>&1
 echo "tests rc $? at $SECONDS s"; tail -n 3 $R/gpu_tests.log
 wait; [ -f $R/racecheck_sm90.log ] && grep -E "RACECHECK SUMMARY|passed|failed" $R/racecheck_sm90.log
+[ -d /tmp/tests ] && tar czf $R/test_logs.tgz -C /tmp tests
 timeout ${GRID_S:-150} python3 -m bench.verify --cases ${GRID_CASES:-grid} --backends ${GRID_BACKENDS:-sm90,flashmla} --out $R/step > $R/grid_step.log 2>&1
 grep -E "^NVIDIA|wrote" $R/grid_step.log; cp $R/step/results.json $R/grid_step.json 2>/dev/null; echo "step grid at $SECONDS s"
 python3 -m bench.step_variants $R/grid_step.json per_layer --small-floor 5 2>&1 | tee $R/per_layer_summary.txt
 if [ "${COSTS:-1}" = 0 ]; then
-  [ -d /tmp/tests ] && tar czf $R/test_logs.tgz -C /tmp tests
   echo "done at $SECONDS s"; exit 0
 fi
 names=$(python3 -c "from bench.cases import grid_cases; print(','.join(c.name for c in grid_cases()))")
@@ -52,4 +52,3 @@ if [ -d .snap/old ]; then
   tail -n 1 $R/prep_old.log
 fi
 echo "done at $SECONDS s"
-[ -d /tmp/tests ] && tar czf $R/test_logs.tgz -C /tmp tests
