@@ -18,21 +18,16 @@ source bench/device_common.sh
 [ $# -ge 1 ] || { echo "usage: device_ab.sh TREE... (under .snap/)"; exit 2; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONUNBUFFERED=1
-in_tree() {  # TREE CACHE_SUFFIX NVCC_EXTRA COMMAND...: the command in that tree with its own build cache
-  local tree=$1 suffix=$2 extra=$3; shift 3
-  (cd "$root/.snap/$tree" && PYTHONPATH=/tmp/site:$root/.snap/$tree DDTREE_CACHE_DIR=/tmp/ddc_$tree$suffix \
-     DDTREE_NVCC_EXTRA="$extra" "$@")
-}
 for tree in "$@"; do
-  in_tree "$tree" "" "" timeout "${BUILD_TIMEOUT:-300}" python3 "$root/bench/build_libraries.py" > "/tmp/build_$tree.log" 2>&1 &
-  [ "${WAIT_CLOCKS:-0}" = 1 ] && in_tree "$tree" _wc -DDDTREE_WAIT_CLOCKS timeout "${BUILD_TIMEOUT:-300}" python3 "$root/bench/build_libraries.py" > "/tmp/build_${tree}_wc.log" 2>&1 &
+  in_snap_tree "$tree" timeout "${BUILD_TIMEOUT:-300}" python3 "$root/bench/build_libraries.py" > "/tmp/build_$tree.log" 2>&1 &
+  [ "${WAIT_CLOCKS:-0}" = 1 ] && in_clock_tree "$tree" timeout "${BUILD_TIMEOUT:-300}" python3 "$root/bench/build_libraries.py" > "/tmp/build_${tree}_wc.log" 2>&1 &
 done
 wait
 for f in /tmp/build_*.log; do echo "== $f"; grep -v DEBUG "$f" | tail -n 2; done > "$OUT/build.log"
 echo "built at $SECONDS s"
 # Correctness only, so the variants' tests share the GPU; the timing below runs alone.
 for tree in "${@:2}"; do
-  in_tree "$tree" "" "" timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -x -q -p no:cacheprovider ${AB_TESTS:-tests/test_gpu_sm90.py \
+  in_snap_tree "$tree" timeout "${TEST_TIMEOUT:-150}" python3 -m pytest -x -q -p no:cacheprovider ${AB_TESTS:-tests/test_gpu_sm90.py \
     tests/test_gpu_attention.py tests/test_gpu_persistent.py tests/test_paged.py -k sm90} > "/tmp/tests_$tree.log" 2>&1 &
 done
 wait
@@ -43,7 +38,7 @@ done
 echo "tested at $SECONDS s"
 specs=()
 for tree in "${timed[@]}"; do
-  in_tree "$tree" "" "" timeout "${GRID_TIMEOUT:-170}" python3 -m bench.verify --cases "${CASES:-grid}" $([ "${WITH_PREP:-0}" = 1 ] || echo --no-prep) \
+  in_snap_tree "$tree" timeout "${GRID_TIMEOUT:-170}" python3 -m bench.verify --cases "${CASES:-grid}" $([ "${WITH_PREP:-0}" = 1 ] || echo --no-prep) \
     --backends "${AB_BACKENDS:-sm90,paged:sm90,flashmla}" --out "/tmp/r_$tree" 2>&1 | grep --line-buffered -E "^NVIDIA|wrote" 
   cp "/tmp/r_$tree/results.json" "$OUT/grid_$tree.json" && specs+=("$tree=$OUT/grid_$tree.json")
   echo "$tree timed at $SECONDS s"
@@ -58,7 +53,7 @@ if [ "${WAIT_CLOCKS:-0}" = 1 ]; then
     for case in "${WAIT_CLOCK_CASES[@]}"; do
       read -r shape backend extra <<< "$case"
       echo "== $tree $shape $backend $extra"
-      in_tree "$tree" _wc -DDDTREE_WAIT_CLOCKS timeout 40 python3 -m bench.profile_case "$shape" --backend "$backend" $extra --iters 1 2>&1 \
+      in_clock_tree "$tree" timeout 40 python3 -m bench.profile_case "$shape" --backend "$backend" $extra --iters 1 2>&1 \
         | grep -E "^(wait_clocks|trace) cta0"
     done
   done > "$OUT/wait_clocks.log"

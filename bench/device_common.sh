@@ -17,3 +17,9 @@ in_snap_tree() {
   local tree=$1; shift
   (cd "$root/.snap/$tree" && PYTHONPATH=/tmp/site:$root/.snap/$tree DDTREE_CACHE_DIR=/tmp/ddc_$tree "$@")
 }
+
+# in_snap_tree with the wait-clock build (-DDDTREE_WAIT_CLOCKS, wait_clocks.cuh). The flags are part
+# of the build key, so the plain and the wait-clock builds share the tree's cache directory.
+in_clock_tree() {
+  (export DDTREE_NVCC_EXTRA=-DDDTREE_WAIT_CLOCKS; in_snap_tree "$@")
+}

@@ -19,9 +19,6 @@ source bench/device_common.sh
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
 export PYTHONUNBUFFERED=1
 clock_trees=${CLOCK_TREES:-$1}
-in_clock_tree() {  # TREE COMMAND...: in_snap_tree with the wait-clock build (the flags are part of the build key)
-  (export DDTREE_NVCC_EXTRA=-DDDTREE_WAIT_CLOCKS; in_snap_tree "$@")
-}
 for tree in "$@"; do
   in_snap_tree "$tree" timeout "${BUILD_TIMEOUT:-400}" python3 "$root/bench/build_libraries.py" > "/tmp/build_$tree.log" 2>&1 &
 done
