@@ -33,8 +33,11 @@ struct VerifyTraits {
   static constexpr int kGatherWarpgroup = kMmaWarpgroups;  // warpgroup 2: the gather (gather.cuh)
   static_assert(kGatherWarpgroup == kWaitRoles - 1, "wait_clocks.cuh: the gather is the last role");
   static constexpr int kThreads = kMmaThreads + 128;
-  // Registers per thread after setmaxnreg: 2 x 128 x 224 + 128 x 56 = 64512 of the 65536.
-  static constexpr int kMmaRegisters = 224, kGatherRegisters = 56;
+  // Registers per thread after setmaxnreg: 2 x 128 x 224 + 128 x 56 = 64512 of the 65536. The
+  // persistent kernel's gather of an e4m3 cache holds more across its segment loop (the copy's
+  // addresses and the next pair's slots): 2 x 128 x 216 + 128 x 72, the same total.
+  static constexpr uint32_t mma_registers(bool persistent, bool fp8_kv) { return persistent && fp8_kv ? 216 : 224; }
+  static constexpr uint32_t gather_registers(bool persistent, bool fp8_kv) { return persistent && fp8_kv ? 72 : 56; }
   static constexpr int kStages = 2;       // KV tiles in flight
   static constexpr int kChunkCols = 64;   // a KV tile lands in 64-column chunks (8 KB), one mbarrier each
   static constexpr int kColumnChunks = kQkDim / kChunkCols;  // 9: chunks 0-7 are V, chunk 8 the rope

@@ -217,8 +217,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   }
 
   int pairs_done = 0;  // pairs of earlier segments: every chunk barrier completed one phase per pair
+  // The persistent kernel's first segment reaches both roles through s_segment[1] (held in
+  // registers across their setmaxnreg, it spills). Each role reads it before segment 0's barrier,
+  // and the GEMM role writes s_segment[1] again only for segment 1, after that barrier.
+  if constexpr (kPersistent) {
+    if (threadIdx.x == 0) s_segment[1] = seg;
+    __syncthreads();
+  }
   if (gather_role) {
-    cutlass::arch::warpgroup_reg_dealloc<Traits::kGatherRegisters>();
+    cutlass::arch::warpgroup_reg_dealloc<Traits::gather_registers(kPersistent, kFp8Kv)>();
+    if constexpr (kPersistent) seg = s_segment[1];
     for (int segment = 0;; ++segment) {
       const int wg_thread = opaque_if<kPersistent>(static_cast<int>(threadIdx.x)) % 128;
       uint8_t* const smem = smem_raw + opaque_if<kPersistent>(align_pad);
@@ -243,7 +251,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     return;
   }
 
-  cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegisters>();
+  cutlass::arch::warpgroup_reg_alloc<Traits::mma_registers(kPersistent, kFp8Kv)>();
+  if constexpr (kPersistent) seg = s_segment[1];
   int q_loads = 0;  // q tiles loaded by earlier segments: q_full's phases
   for (int segment = 0;; ++segment) {
     const int tid = opaque_if<kPersistent>(static_cast<int>(threadIdx.x));
