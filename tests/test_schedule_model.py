@@ -21,3 +21,12 @@ def test_an_equal_batch_in_one_wave_takes_one_row_block_and_its_piece_cost():
     # 32 requests x 4 row blocks of 9 units (1040 keys), one split each: 128 pieces on 132 SMs.
     case = Case("equal", 16, (1024,) * 32, (16,) * 32)
     assert makespan(case, sms=132, piece_cost=1.0, cut_waves=0) == ("split/1", 10.0)
+
+
+def test_longest_first_starts_the_long_pieces_first():
+    # 256 row blocks (two waves) whose lengths grow with the request: in CTA order the longest
+    # start last; longest first, they start at once and the short ones fill in.
+    case = Case("growing", 128, tuple(512 + 64 * b for b in range(32)), (4,) * 32)
+    _, in_order = makespan(case, sms=132, piece_cost=1.0, cut_waves=0)
+    _, longest_first = makespan(case, sms=132, piece_cost=1.0, cut_waves=0, longest_first=True)
+    assert longest_first < in_order
