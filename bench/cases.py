@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 KV_ROW_BYTES = 576 * 2  # one bf16 latent+rope row, read once per request
 INDEX_BYTES = 4  # one int32 slot id per key
@@ -22,6 +23,12 @@ class Case:
     @property
     def batch(self) -> int:
         return len(self.prefix_lens)
+
+    def indptrs(self) -> tuple[list[int], list[int]]:
+        """(qo_indptr, verify_indptr) as lists: each request's drafts, and its prefix + drafts keys."""
+        qo = [0, *accumulate(self.draft_lens)]
+        kv = [0, *accumulate(p + n for p, n in zip(self.prefix_lens, self.draft_lens))]
+        return qo, kv
 
     def flops(self) -> float:
         """QK^T over 576 and PV over 512 for every (draft row, head, key) pair, masked or not."""

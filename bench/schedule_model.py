@@ -26,18 +26,11 @@ from __future__ import annotations
 
 import argparse
 import heapq
-from itertools import accumulate
 
 from bench.cases import grid_cases, ragged_cases
 from ddtree_op.backends.sm90.persistent_schedule import plan, use_persistent, work_of_requests
 from ddtree_op.backends.sm90.schedule import _pieces_of, plan_shape, split_pieces
 from ddtree_op.contract import PIECE_SLOTS_PER_SPLIT
-
-
-def indptrs(case) -> tuple[list[int], list[int]]:
-    qo = [0, *accumulate(case.draft_lens)]
-    kv = [0, *accumulate(p + n for p, n in zip(case.prefix_lens, case.draft_lens))]
-    return qo, kv
 
 
 def greedy_makespan(costs: list[float], sms: int) -> float:
@@ -67,7 +60,7 @@ def cut_pieces(work: list[tuple[int, int]], sms: int, waves: int, splits: int) -
 
 def makespan(case, sms: int, piece_cost: float, cut_waves: int, longest_first: bool = False) -> tuple[str, float]:
     """(schedule, modelled time in units) of one case."""
-    qo, kv = indptrs(case)
+    qo, kv = case.indptrs()
     tokens, heads, batch = qo[-1], case.heads, len(qo) - 1
     ctas, splits = plan_shape(sms, tokens, heads, batch, kv[-1])
     if use_persistent(tokens, heads, batch, kv[-1], ctas, splits):

@@ -8,7 +8,6 @@ device code picks for the case's lengths (pieces or equal shares). Same timing a
 """
 
 import sys
-from itertools import accumulate
 
 import ddtree_op.backends.sm90.attention as sm90_attention
 from bench.cases import all_cases
@@ -19,11 +18,9 @@ from ddtree_op.backends.splits import sm_count
 
 
 def describe(case, ctas: int) -> str:
-    tokens = sum(case.draft_lens)
-    keys = sum(p + n for p, n in zip(case.prefix_lens, case.draft_lens))
+    qo, kv = case.indptrs()
+    tokens, keys = qo[-1], kv[-1]
     splits = sm90_splits(tokens, case.heads, case.batch, keys, ctas)
-    qo = [0, *accumulate(case.draft_lens)]
-    kv = [0, *accumulate(p + n for p, n in zip(case.prefix_lens, case.draft_lens))]
     equal, _ = plan(qo, kv, case.heads, ctas, splits)
     units = row_blocks_and_units(tokens, case.heads, case.batch, keys)[1] / ctas
     auto = "persistent" if use_persistent(tokens, case.heads, case.batch, keys, ctas, splits) else "split"
