@@ -53,8 +53,7 @@ if [ "${WAIT_CLOCKS:-0}" = 1 ]; then
     for case in "${WAIT_CLOCK_CASES[@]}"; do
       read -r shape backend extra <<< "$case"
       echo "== $tree $shape $backend $extra"
-      in_clock_tree "$tree" timeout 40 python3 -m bench.profile_case "$shape" --backend "$backend" $extra --iters 1 2>&1 \
-        | grep -E "^(wait_clocks|trace) cta0"
+      print_wait_clocks "$tree" 40 "$shape" --backend "$backend" $extra
     done
   done > "$OUT/wait_clocks.log"
 fi

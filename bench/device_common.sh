@@ -23,3 +23,11 @@ in_snap_tree() {
 in_clock_tree() {
   (export DDTREE_NVCC_EXTRA=-DDDTREE_WAIT_CLOCKS; in_snap_tree "$@")
 }
+
+# TREE's wait clocks and pair timeline of CTA 0 (wait_clocks.cuh) on one shape: the wait-clock
+# build's bench.profile_case with PROFILE_ARGS (--backend ..., --fp8), within SECONDS.
+print_wait_clocks() {  # TREE SECONDS SHAPE PROFILE_ARGS...
+  local tree=$1 seconds=$2 shape=$3; shift 3
+  in_clock_tree "$tree" timeout "$seconds" python3 -m bench.profile_case "$shape" "$@" --iters 1 2>&1 \
+    | grep -E "^(wait_clocks|trace) cta0"
+}

@@ -61,8 +61,7 @@ if [ "${WAIT_CLOCKS:-0}" = 1 ]; then
   for tree in $clock_trees; do
     for shape in ${CLOCK_CASES:-H16_n4_B32_P8192 H128_n64_B8_P8192}; do
       echo "== $tree $shape --fp8"
-      in_clock_tree "$tree" timeout 60 python3 -m bench.profile_case "$shape" --backend sm90 --fp8 --iters 1 2>&1 \
-        | grep -E "^(wait_clocks|trace) cta0"
+      print_wait_clocks "$tree" 60 "$shape" --backend sm90 --fp8
     done
   done | tee "$OUT/wait_clocks.log"
 fi
