@@ -1,7 +1,7 @@
 """A work model of the sm_90a schedules, for the ragged target (issue 14: a batch whose prefixes
 vary x3 within 10% of the equal batch of the same work), on the CPU:
 
-  PYTHONPATH=$PWD python3 -m bench.schedule_model [--sms 132] [--piece-cost 1.0] [--cut-waves W]
+  PYTHONPATH=$PWD python3 -m bench.schedule_model [--sms 132] [--piece-cost 1.0] [--cut-waves W] [--request-order]
 
 For every grid shape and its ragged twin (bench/cases.py) it takes the schedule the op would run
 (shape-only kernel choice and splits; the device plan's pieces or segments, from their Python
@@ -12,8 +12,9 @@ persistent kernel's segments stay on their CTA. The makespan ratio ragged / equa
 prediction of the measured time ratio; the 2026-12-05 landing run (H100) measured 1.25 and 1.26
 where it predicts 1.40, and orders the shapes alike (kernel log, seventeenth session).
 
-`--longest-first` models another: the split kernel's pieces in CTA order by decreasing length
-(requests' row blocks stay together), so that the hardware's dispatch starts the long ones first.
+The split kernel's pieces go longest first (schedule.split_pieces). `--request-order` models the
+order before that: requests in order, so that a batch whose long requests come last starts them
+in the last wave.
 
 `--cut-waves W` models a policy the op does not have: the split kernel's pieces cut from the
 lengths alone, whatever the shapes' splits: every row block into pieces of at most c units, c no
@@ -58,7 +59,7 @@ def cut_pieces(work: list[tuple[int, int]], sms: int, waves: int, splits: int) -
     return lengths
 
 
-def makespan(case, sms: int, piece_cost: float, cut_waves: int, longest_first: bool = False) -> tuple[str, float]:
+def makespan(case, sms: int, piece_cost: float, cut_waves: int, request_order: bool = False) -> tuple[str, float]:
     """(schedule, modelled time in units) of one case."""
     qo, kv = case.indptrs()
     tokens, heads, batch = qo[-1], case.heads, len(qo) - 1
@@ -70,9 +71,10 @@ def makespan(case, sms: int, piece_cost: float, cut_waves: int, longest_first: b
     if cut_waves:
         lengths = cut_pieces(work_of_requests(qo, kv, heads), sms, cut_waves, splits)
         return "split+cut", greedy_makespan([u + piece_cost for u in lengths], sms)
-    lengths = [p.unit_end - p.unit_begin for p in split_pieces(qo, kv, heads, tokens * heads, ctas, splits)]
-    if longest_first:
-        lengths.sort(reverse=True)  # stable: a request's row blocks stay together
+    pieces = split_pieces(qo, kv, heads, tokens * heads, ctas, splits)
+    if request_order:
+        pieces.sort(key=lambda piece: piece.request)  # stable: a request's row blocks and pieces stay in order
+    lengths = [p.unit_end - p.unit_begin for p in pieces]
     return f"split/{splits}", greedy_makespan([u + piece_cost for u in lengths], sms)
 
 
@@ -81,14 +83,14 @@ def main() -> None:
     parser.add_argument("--sms", type=int, default=132)
     parser.add_argument("--piece-cost", type=float, default=1.0, help="fixed cost of a piece or segment, in units")
     parser.add_argument("--cut-waves", type=int, default=0, help="model cutting pieces from the lengths (0: the op's policy)")
-    parser.add_argument("--longest-first", action="store_true", help="model the split kernel's pieces longest first")
+    parser.add_argument("--request-order", action="store_true", help="model the split kernel's pieces in request order")
     args = parser.parse_args()
     equal = {case.name: case for case in grid_cases()}
     over = 0
     for case in ragged_cases():
         twin = equal[case.name.removesuffix("_ragged")]
-        kind_e, time_e = makespan(twin, args.sms, args.piece_cost, args.cut_waves, args.longest_first)
-        kind_r, time_r = makespan(case, args.sms, args.piece_cost, args.cut_waves, args.longest_first)
+        kind_e, time_e = makespan(twin, args.sms, args.piece_cost, args.cut_waves, args.request_order)
+        kind_r, time_r = makespan(case, args.sms, args.piece_cost, args.cut_waves, args.request_order)
         # The equal batch under the op's own policy: a policy must not slow it down.
         _, time_base = makespan(twin, args.sms, args.piece_cost, 0)
         ratio = time_r / time_e

@@ -41,6 +41,10 @@ constexpr int kMaxPieceBudget = 256;
 // Partial slots of the split kernel per split of the shapes: a row block of a long request may be
 // cut into this many times the splits, and its pieces write partials [slot, row].
 constexpr int kPieceSlotsPerSplit = 2;
+// The split kernel's pieces go longest first (requests by their longest piece, so the hardware's
+// dispatch starts them in the first wave) in batches of at most kLongestFirstMaxBatch requests
+// (one scan chunk); a larger batch keeps request order.
+constexpr int kLongestFirstMaxBatch = 256;
 // Header entries.
 constexpr int kPlanEqualShares = 0;
 constexpr int kPlanRowBlocks = 1;

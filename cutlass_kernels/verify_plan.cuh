@@ -26,7 +26,10 @@
 // times the splits, what a batch of equal requests gets; at most one wave of CTAs; or the row
 // blocks where they are more) and no row block has more than kPieceSlotsPerSplit * splits. So the
 // CTAs of a long request take its keys in more pieces instead of longer ones. One piece per row
-// block with one split.
+// block with one split. In a batch of at most kLongestFirstMaxBatch requests the pieces go
+// longest first: requests by their longest piece, descending (ties in request order), each
+// request's row blocks in order and a row block's pieces together; the hardware dispatches CTAs
+// in order, so the long pieces start in the first wave and the short ones fill in behind them.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -271,11 +274,16 @@ template <int kThreads, class Batch>
 __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch& batch, int plan_block) {
   static_assert(kPlanChunk % kThreads == 0, "a chunk is whole requests per thread");
   static_assert(kLaneSharesMaxBatch <= kPlanChunk, "lane by lane, the row block entries need the batch in one chunk");
+  static_assert(kLongestFirstMaxBatch <= kPlanChunk, "longest first, the pieces' order needs the batch in one chunk");
   constexpr int kPerThread = kPlanChunk / kThreads;
   __shared__ int64_t s_block_end[kPlanChunk];   // inclusive: row blocks of requests up to this one
   __shared__ int64_t s_item_start[kPlanChunk];  // items of the requests before this one
   __shared__ int64_t s_piece_end[kPlanChunk];   // inclusive: pieces of requests up to this one
   __shared__ int s_pieces[kPlanChunk];          // pieces of each row block of this request
+  __shared__ int s_longest[kPlanChunk];         // units of this request's longest piece (0: no row blocks)
+  __shared__ uint32_t s_request_pieces[kPlanChunk];  // pieces of this request (below 2^32, as in the sums below)
+  __shared__ int s_order[kPlanChunk];           // longest first: the request (in the chunk) at each rank
+  __shared__ int64_t s_ranked_piece_end[kPlanChunk];  // longest first: inclusive, pieces of ranks up to this one
   const BatchTotals totals = batch_totals<kThreads>(a, batch);
   const PlanChoice choice = plan_choice(a, totals);
   if (plan_block == 0 && threadIdx.x == 0) {  // the choice's header entries now, so that it is not held across the scan
@@ -283,6 +291,7 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
     a.plan[kPlanUsed] = choice.used;
   }
   const int lanes = choice.lanes;
+  const bool longest_first = a.batch <= kLongestFirstMaxBatch;  // one chunk
   const int piece_units = split_piece_units<kThreads>(a, batch, totals);
   const int64_t entry = int64_t(plan_block) * kThreads + threadIdx.x;
   // Recomputed where they are used: held across the scan, they spill in the staged preparation.
@@ -304,6 +313,9 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
       if (b < a.batch) request_work(a, batch, b, blocks[i], units[i]);
       const int pieces = pieces_of(units[i], piece_units);
       s_pieces[threadIdx.x * kPerThread + i] = pieces;
+      // 32-bit, as in pieces_of (units of 0 have one piece: a key of 0)
+      s_longest[threadIdx.x * kPerThread + i] = blocks[i] > 0 ? (static_cast<int>(units[i]) - 1) / pieces + 1 : 0;
+      s_request_pieces[threadIdx.x * kPerThread + i] = static_cast<uint32_t>(blocks[i] * pieces);
       mine[kBlocksPieces] += blocks[i] << 32 | blocks[i] * pieces;
       mine[kItems] += lanes > 0 ? units[i] : blocks[i] * units[i];  // lane by lane: the units of one lane
     }
@@ -317,6 +329,25 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
       s_piece_end[threadIdx.x * kPerThread + i] = mine[kBlocksPieces] & 0xffffffff;
     }
     __syncthreads();
+    if (longest_first) {  // each request's rank and where its pieces end in rank order (B <= kPlanChunk: O(B) each)
+      for (int i = 0; i < kPerThread; ++i) {
+        const int me = threadIdx.x * kPerThread + i;
+        if (me >= a.batch) continue;
+        const int key = s_longest[me];
+        int rank = 0;
+        uint32_t before = 0;
+#pragma unroll 1
+        for (int j = 0; j < a.batch; ++j) {
+          if (s_longest[j] > key || (s_longest[j] == key && j < me)) {
+            ++rank;
+            before += s_request_pieces[j];
+          }
+        }
+        s_order[rank] = me;
+        s_ranked_piece_end[rank] = before + s_request_pieces[me];
+      }
+      __syncthreads();
+    }
     // The request of entry: the first of the chunk whose end (row blocks or pieces) passes it.
     auto request_of = [&](const int64_t* ends) {
       int lo = 0, hi = min(kPlanChunk, a.batch - c0) - 1;
@@ -341,12 +372,14 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
     }
     // Piece entry: one thread a piece, so a long request's many pieces are written in parallel.
     if (entry < piece_capacity(a.capacity) && entry >= pieces_before && entry < (s_before[kBlocksPieces] & 0xffffffff)) {
-      const int lo = request_of(s_piece_end);
+      const int rank = longest_first ? request_of(s_ranked_piece_end) : -1;
+      const int lo = longest_first ? s_order[rank] : request_of(s_piece_end);
+      const int64_t run_end = longest_first ? s_ranked_piece_end[rank] : s_piece_end[lo];
       int64_t request_blocks, request_units;
       request_work(a, batch, c0 + lo, request_blocks, request_units);
       const int pieces = s_pieces[lo];
       // Its row block's pieces are consecutive, row blocks in order (32-bit: pieces stay below 2^32).
-      const uint32_t offset = static_cast<uint32_t>(entry - (s_piece_end[lo] - request_blocks * pieces));
+      const uint32_t offset = static_cast<uint32_t>(entry - (run_end - request_blocks * pieces));
       const int block = static_cast<int>(offset / uint32_t(pieces)), k = static_cast<int>(offset % uint32_t(pieces));
       if (s_block_end[lo] - request_blocks + block < a.capacity) {  // only pieces of row blocks with an entry
         int64_t* const piece = piece_fields() + entry;

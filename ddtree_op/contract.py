@@ -47,6 +47,10 @@ MAX_PIECE_BUDGET = 256  # pieces beyond the row blocks, at most: a wave of CTAs 
 # Partial slots of the split kernel per split of the shapes: a row block of a long request may be
 # cut into this many times the splits, and its pieces write partials [slot, row].
 PIECE_SLOTS_PER_SPLIT = 2
+# The split kernel's pieces go longest first (requests by their longest piece, so the hardware's
+# dispatch starts them in the first wave) in batches of at most LONGEST_FIRST_MAX_BATCH requests
+# (one scan chunk of the plan); a larger batch keeps request order.
+LONGEST_FIRST_MAX_BATCH = 256
 # Header entries: the choice (1: equal shares, 0: pieces), the row blocks and items (row block,
 # unit) of all requests, the CTAs with an equal share, the schedule it was made for, and the
 # split kernel's pieces.

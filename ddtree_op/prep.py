@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import torch
 
-from .contract import (CUT_COST_UNITS, LANE_SHARES_MAX_BATCH, LANE_SHARES_MIN_USE, MASK_LAYOUTS, MAX_PIECE_BUDGET,
-                       PACKED_MASK_BITS, PIECE_FIELDS, PIECE_ROW, PIECE_SLOT, PIECE_SLOTS_PER_SPLIT, PIECE_UNITS, PLAN_BLOCK,
-                       PLAN_CTAS, PLAN_EQUAL_SHARES, PLAN_FIELDS, PLAN_FIRST_ITEM, PLAN_HEADER, PLAN_HEADS, PLAN_ITEMS,
-                       PLAN_PIECES, PLAN_REQUEST, PLAN_ROW_BLOCKS, PLAN_SPLITS, PLAN_UNITS, PLAN_USED, ROWS_PER_BLOCK,
-                       UNIT_KEYS, piece_capacity, plan_capacity)
+from .contract import (CUT_COST_UNITS, LANE_SHARES_MAX_BATCH, LANE_SHARES_MIN_USE, LONGEST_FIRST_MAX_BATCH, MASK_LAYOUTS,
+                       MAX_PIECE_BUDGET, PACKED_MASK_BITS, PIECE_FIELDS, PIECE_ROW, PIECE_SLOT, PIECE_SLOTS_PER_SPLIT,
+                       PIECE_UNITS, PLAN_BLOCK, PLAN_CTAS, PLAN_EQUAL_SHARES, PLAN_FIELDS, PLAN_FIRST_ITEM, PLAN_HEADER,
+                       PLAN_HEADS, PLAN_ITEMS, PLAN_PIECES, PLAN_REQUEST, PLAN_ROW_BLOCKS, PLAN_SPLITS, PLAN_UNITS,
+                       PLAN_USED, ROWS_PER_BLOCK, UNIT_KEYS, piece_capacity, plan_capacity)
 from . import status as status_layout
 from .status import FAULTS, write_keys
 
@@ -312,19 +312,28 @@ def verify_plan(qo_indptr: torch.Tensor, verify_indptr: torch.Tensor, num_rows: 
     field_request = torch.where(in_lanes, lane_request, request)
     field_block = torch.where(in_lanes, lane_block, block)
     first_item = torch.where(in_lanes, lane_first, first_item)
-    # The split kernel's pieces: row block r of request b in pieces[b] pieces from first_piece[r].
+    # The split kernel's pieces: row block r of request b in pieces[b] pieces from first_piece[r],
+    # requests longest piece first (ties in request order) in batches of one scan chunk.
     pieces = _pieces_of(units, _split_piece_units(blocks, units, capacity, batch, ctas, splits))
     request_pieces = blocks * pieces
     all_pieces = request_pieces.sum()
-    first_piece = torch.where(live, torch.cumsum(request_pieces, 0)[request] - request_pieces[request]
-                              + block * pieces[request], all_pieces)
+    if batch <= LONGEST_FIRST_MAX_BATCH:
+        longest_piece = torch.where(blocks > 0, _ceil_div(units, pieces), 0)[:batch]
+        order = torch.sort(longest_piece, descending=True, stable=True).indices
+    else:
+        order = torch.arange(batch, device=device)
+    ranked_pieces = request_pieces[order]
+    request_first_piece = torch.zeros_like(request_pieces)
+    request_first_piece[order] = torch.cumsum(ranked_pieces, 0) - ranked_pieces
+    first_piece = torch.where(live, request_first_piece[request] + block * pieces[request], all_pieces)
     slots = piece_capacity(num_rows, heads, batch)
     piece = torch.arange(slots, device=device)
-    # Its row block, among the row blocks and one past them (the capacity may be 0).
-    starts = torch.cat([first_piece, all_pieces.reshape(1)])
+    # Its row block, among the row blocks in piece order and one past them (the capacity may be 0).
+    by_first_piece = torch.sort(first_piece, stable=True).indices
+    starts = torch.cat([first_piece[by_first_piece], all_pieces.reshape(1)])
     owner = (torch.searchsorted(starts, piece, right=True) - 1).clamp(min=0)
-    owner_request = torch.cat([request, request.new_full((1,), batch)])[owner]
-    owner_block = torch.cat([block, block.new_zeros(1)])[owner]
+    owner_request = torch.cat([request[by_first_piece], request.new_full((1,), batch)])[owner]
+    owner_block = torch.cat([block[by_first_piece], block.new_zeros(1)])[owner]
     real = piece < all_pieces
     k, count, whole = piece - starts[owner], pieces[owner_request], units[owner_request]
     q, r = whole // count, whole % count  # the first r pieces one unit longer

@@ -26,6 +26,7 @@ EXPECTED = {
     "kPieceFields": contract.PIECE_FIELDS,
     "kMaxPieceBudget": contract.MAX_PIECE_BUDGET,
     "kPieceSlotsPerSplit": contract.PIECE_SLOTS_PER_SPLIT,
+    "kLongestFirstMaxBatch": contract.LONGEST_FIRST_MAX_BATCH,
     "kPlanEqualShares": contract.PLAN_EQUAL_SHARES,
     "kPlanRowBlocks": contract.PLAN_ROW_BLOCKS,
     "kPlanItems": contract.PLAN_ITEMS,

@@ -24,9 +24,9 @@ def test_an_equal_batch_in_one_wave_takes_one_row_block_and_its_piece_cost():
 
 
 def test_longest_first_starts_the_long_pieces_first():
-    # 256 row blocks (two waves) whose lengths grow with the request: in CTA order the longest
-    # start last; longest first, they start at once and the short ones fill in.
+    # 256 row blocks (two waves) whose lengths grow with the request: in request order the longest
+    # start last; longest first (the op's order), they start at once and the short ones fill in.
     case = Case("growing", 128, tuple(512 + 64 * b for b in range(32)), (4,) * 32)
-    _, in_order = makespan(case, sms=132, piece_cost=1.0, cut_waves=0)
-    _, longest_first = makespan(case, sms=132, piece_cost=1.0, cut_waves=0, longest_first=True)
+    _, longest_first = makespan(case, sms=132, piece_cost=1.0, cut_waves=0)
+    _, in_order = makespan(case, sms=132, piece_cost=1.0, cut_waves=0, request_order=True)
     assert longest_first < in_order

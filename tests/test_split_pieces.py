@@ -36,11 +36,18 @@ def pieces_of_plan(plan, num_rows, heads, batch):
     past = [(piece(contract.PIECE_ROW, p), piece(contract.PIECE_UNITS, p), piece(contract.PIECE_SLOT, p))
             for p in range(header[contract.PLAN_PIECES], slots)]
     assert past == [(batch << 32, 0, -1)] * len(past)
-    # The combine's view: the pieces are runs, one per row block in request order (the plan may list
-    # its row blocks lane by lane, so they are sorted), and a run's pieces are its slots 0 .. n - 1
-    # (n of them; one piece with one split) that cover its row block's units once, in order.
-    row_blocks = sorted((field(contract.PLAN_REQUEST, r), field(contract.PLAN_BLOCK, r), field(contract.PLAN_UNITS, r))
-                        for r in range(header[contract.PLAN_ROW_BLOCKS]))
+    # The combine's view: the pieces are runs, one per row block, requests longest piece first
+    # (ties and batches past LONGEST_FIRST_MAX_BATCH in request order) and a request's row blocks
+    # in order (the plan may list its row blocks lane by lane, so they are sorted), and a run's
+    # pieces are its slots 0 .. n - 1 (n of them; one piece with one split) that cover its row
+    # block's units once, in order.
+    longest = {}
+    for piece in pieces:
+        longest[piece.request] = max(longest.get(piece.request, 0), piece.unit_end - piece.unit_begin)
+    first = (lambda request: -longest[request]) if batch <= contract.LONGEST_FIRST_MAX_BATCH else (lambda request: 0)
+    row_blocks = sorted(((field(contract.PLAN_REQUEST, r), field(contract.PLAN_BLOCK, r), field(contract.PLAN_UNITS, r))
+                         for r in range(header[contract.PLAN_ROW_BLOCKS])),
+                        key=lambda row_block: (first(row_block[0]), row_block[0], row_block[1]))
     runs = [list(run) for _, run in itertools.groupby(pieces, key=lambda piece: (piece.request, piece.block))]
     assert [(run[0].request, run[0].block) for run in runs] == [(request, block) for request, block, _ in row_blocks]
     splits = header[contract.PLAN_SPLITS]
@@ -124,3 +131,28 @@ def test_ragged_requests_get_pieces_by_length(heads, drafts, batch, splits):
     assert longest_piece <= 1.3 * -(-mean_request // splits)
     row_blocks = batch * -(-drafts * heads // contract.ROWS_PER_BLOCK)
     assert len(pieces) <= row_blocks * splits
+
+
+@pytest.mark.parametrize("batch", [8, 32, contract.LONGEST_FIRST_MAX_BATCH, contract.LONGEST_FIRST_MAX_BATCH + 1])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_pieces_go_longest_first(batch, splits):
+    """Prefixes growing with the request (the longest last): the longest pieces come first, so the hardware
+    starts them in the first wave; past LONGEST_FIRST_MAX_BATCH requests, and for equal requests,
+    request order. The plan agrees (the other tests compare it with this reference)."""
+    prefixes = [1024 + 2048 * b // (batch - 1) for b in range(batch)]
+    qo, kv = batch_of(prefixes, [4] * batch)
+    pieces = split_pieces(qo, kv, 16, qo[-1], 132, splits)
+    requests = [piece.request for piece in pieces]
+    if batch <= contract.LONGEST_FIRST_MAX_BATCH:
+        longest = {}
+        for piece in pieces:
+            longest[piece.request] = max(longest.get(piece.request, 0), piece.unit_end - piece.unit_begin)
+        assert requests == sorted(requests, key=lambda request: (-longest[request], request))
+        assert longest[requests[0]] == max(longest.values()) and requests != sorted(requests)
+    else:
+        assert requests == sorted(requests)
+    qo, kv = batch_of([2048] * batch, [4] * batch)
+    requests = [piece.request for piece in split_pieces(qo, kv, 16, qo[-1], 132, splits)]
+    assert requests == sorted(requests)
+    plan = verify_plan(torch.tensor(qo), torch.tensor(kv, dtype=torch.int32), qo[-1], 16, 132, splits)
+    assert pieces_of_plan(plan, qo[-1], 16, batch) == split_pieces(qo, kv, 16, qo[-1], 132, splits)

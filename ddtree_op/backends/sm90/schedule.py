@@ -8,10 +8,16 @@ piece is longer than it must be: every row block of `units` units (pairs of key 
 into max(1, ceil(units / c)) nearly equal pieces, c the fewest units for which all pieces fit the
 budget (the shapes' row blocks times `splits`, at most one wave of CTAs, or the row blocks where
 they are more) and no row block has more than PIECE_SLOTS_PER_SPLIT * splits pieces. CTA p of the
-split kernel attends piece p. With splits, piece k of a row block writes partial rows [k, row]
-([PIECE_SLOTS_PER_SPLIT * splits, T * H, 512]) and its first piece an LSE of -inf in the slots
-past its last, so the split combine (lse_merge.combine_splits) reads the first `splits` slots of
-a row with their LSEs and a slot past them only where its LSE is live.
+split kernel attends piece p, and the pieces go longest first in a batch of at most
+LONGEST_FIRST_MAX_BATCH requests: requests by their longest piece, descending (ties in request
+order), a request's row blocks in order and a row block's pieces together. The hardware
+dispatches CTAs in order, so the long pieces start in the first wave and the short ones fill in
+behind them (bench/schedule_model.py; a larger batch keeps request order).
+
+With splits, piece k of a row block writes partial rows [k, row] ([PIECE_SLOTS_PER_SPLIT * splits,
+T * H, 512]) and its first piece an LSE of -inf in the slots past its last, so the split combine
+(lse_merge.combine_splits) reads the first `splits` slots of a row with their LSEs and a slot past
+them only where its LSE is live.
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ...contract import MAX_PIECE_BUDGET, PIECE_SLOTS_PER_SPLIT, ROWS_PER_BLOCK, SM90_MAX_SPLITS, UNIT_KEYS, plan_capacity
+from ...contract import (LONGEST_FIRST_MAX_BATCH, MAX_PIECE_BUDGET, PIECE_SLOTS_PER_SPLIT, ROWS_PER_BLOCK, SM90_MAX_SPLITS,
+                         UNIT_KEYS, plan_capacity)
 from ..splits import resident_splits
 
 
@@ -88,12 +95,12 @@ def split_pieces(qo_indptr: list[int], verify_indptr: list[int], heads: int, num
     work = work_of_requests(qo_indptr, verify_indptr, heads)
     batch = len(work)
     c = split_piece_units(work, plan_capacity(num_rows, heads, batch), batch, ctas, splits)
-    pieces = []
+    requests = []
     for b, (row_blocks, units) in enumerate(work):
         n = 1 if c is None else _pieces_of(units, c)
         q, r = divmod(units, n)
-        for j in range(row_blocks):
-            for k in range(n):
-                begin = k * q + min(k, r)
-                pieces.append(Piece(b, j, begin, begin + q + (k < r), k if splits > 1 else None, n))
-    return pieces
+        requests.append([Piece(b, j, k * q + min(k, r), k * q + min(k, r) + q + (k < r), k if splits > 1 else None, n)
+                         for j in range(row_blocks) for k in range(n)])
+    if batch <= LONGEST_FIRST_MAX_BATCH:  # stable: equal longest pieces keep request order
+        requests.sort(key=lambda mine: -max((p.unit_end - p.unit_begin for p in mine), default=0))
+    return [piece for mine in requests for piece in mine]
