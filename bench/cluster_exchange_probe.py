@@ -22,10 +22,9 @@ received value is checked against what the peer sent.
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
+
+from bench.cuda_probe import build_and_run
 
 SOURCE = r"""
 #include <cuda_runtime.h>
@@ -162,11 +161,7 @@ int main() {
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        src, exe = Path(tmp) / "cluster_exchange_probe.cu", Path(tmp) / "cluster_exchange_probe"
-        src.write_text(SOURCE)
-        subprocess.run(["nvcc", "-O3", "-std=c++17", "-arch=sm_90a", str(src), "-o", str(exe)], check=True)
-        return subprocess.run([str(exe)]).returncode
+    return build_and_run(SOURCE, "cluster_exchange_probe")
 
 
 if __name__ == "__main__":

@@ -16,10 +16,9 @@ alternating stages, issuing the boxes from 1 or 4 threads, against 128 threads' 
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
+
+from bench.cuda_probe import build_and_run
 
 SOURCE = r"""
 #include <cuda.h>
@@ -187,11 +186,7 @@ int main() {
 
 
 def main() -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        src, exe = Path(tmp) / "tma_row_probe.cu", Path(tmp) / "tma_row_probe"
-        src.write_text(SOURCE)
-        subprocess.run(["nvcc", "-O3", "-std=c++17", "-arch=sm_90a", str(src), "-o", str(exe)], check=True)
-        return subprocess.run([str(exe)]).returncode
+    return build_and_run(SOURCE, "tma_row_probe")
 
 
 if __name__ == "__main__":
