@@ -16,6 +16,14 @@ from ddtree_op.prep import verify_plan
 from test_persistent_schedule import plan_batch, read_plan
 
 
+def longest_piece_of_requests(pieces):
+    """Units of each request's longest piece (the key of the pieces' longest-first order)."""
+    longest = {}
+    for piece in pieces:
+        longest[piece.request] = max(longest.get(piece.request, 0), piece.unit_end - piece.unit_begin)
+    return longest
+
+
 def pieces_of_plan(plan, num_rows, heads, batch):
     """The pieces in CTA order, as tile_scheduler.cuh's plan_piece reads them."""
     capacity = contract.plan_capacity(num_rows, heads, batch)
@@ -41,9 +49,7 @@ def pieces_of_plan(plan, num_rows, heads, batch):
     # in order (the plan may list its row blocks lane by lane, so they are sorted), and a run's
     # pieces are its slots 0 .. n - 1 (n of them; one piece with one split) that cover its row
     # block's units once, in order.
-    longest = {}
-    for piece in pieces:
-        longest[piece.request] = max(longest.get(piece.request, 0), piece.unit_end - piece.unit_begin)
+    longest = longest_piece_of_requests(pieces)
     first = (lambda request: -longest[request]) if batch <= contract.LONGEST_FIRST_MAX_BATCH else (lambda request: 0)
     row_blocks = sorted(((field(contract.PLAN_REQUEST, r), field(contract.PLAN_BLOCK, r), field(contract.PLAN_UNITS, r))
                          for r in range(header[contract.PLAN_ROW_BLOCKS])),
@@ -144,9 +150,7 @@ def test_pieces_go_longest_first(batch, splits):
     pieces = split_pieces(qo, kv, 16, qo[-1], 132, splits)
     requests = [piece.request for piece in pieces]
     if batch <= contract.LONGEST_FIRST_MAX_BATCH:
-        longest = {}
-        for piece in pieces:
-            longest[piece.request] = max(longest.get(piece.request, 0), piece.unit_end - piece.unit_begin)
+        longest = longest_piece_of_requests(pieces)
         assert requests == sorted(requests, key=lambda request: (-longest[request], request))
         assert longest[requests[0]] == max(longest.values()) and requests != sorted(requests)
     else:

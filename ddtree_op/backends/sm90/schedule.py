@@ -99,8 +99,12 @@ def split_pieces(qo_indptr: list[int], verify_indptr: list[int], heads: int, num
     for b, (row_blocks, units) in enumerate(work):
         n = 1 if c is None else _pieces_of(units, c)
         q, r = divmod(units, n)
-        requests.append([Piece(b, j, k * q + min(k, r), k * q + min(k, r) + q + (k < r), k if splits > 1 else None, n)
-                         for j in range(row_blocks) for k in range(n)])
+        mine = []
+        for j in range(row_blocks):
+            for k in range(n):
+                begin = k * q + min(k, r)
+                mine.append(Piece(b, j, begin, begin + q + (k < r), k if splits > 1 else None, n))
+        requests.append(mine)
     if batch <= LONGEST_FIRST_MAX_BATCH:  # stable: equal longest pieces keep request order
         requests.sort(key=lambda mine: -max((p.unit_end - p.unit_begin for p in mine), default=0))
     return [piece for mine in requests for piece in mine]
