@@ -4,7 +4,8 @@
 # variant's preparation GPU tests side by side (those named in UNTESTED, e.g. a tree older than
 # the tests, are not tested; a failing variant is not timed), then times the
 # preparation launch alone (bench.time_prepare) for each tree, one after another. A tree older than
-# bench/time_prepare.py gets this tree's copy (it times any version's preparation).
+# Every tree gets this tree's bench/time_prepare.py (it times any version's preparation);
+# PREP_ARGS are its arguments (default: CASES, or grid), e.g. "--plan --batches 8,32,256".
 #   run(command="UNTESTED=old bash bench/device_prep_ab.sh prepmask old", carry=[".whl", ".snap"])
 # Writes under $OUT: prep_<tree>.log, tests.log, build.log, prepare_ab.txt (a table of µs per case).
 set -uo pipefail
@@ -20,7 +21,7 @@ in_tree() {  # TREE COMMAND...: the command in that tree with its own build cach
 }
 trees=(main "$@")
 for tree in "$@"; do
-  [ -f "$(tree_dir "$tree")/bench/time_prepare.py" ] || cp bench/time_prepare.py "$(tree_dir "$tree")/bench/"
+  cp bench/time_prepare.py "$(tree_dir "$tree")/bench/"
 done
 untested=" ${UNTESTED:-} "
 # A tested tree's sm90 library too: the preparation tests run whole verify steps.
@@ -46,7 +47,7 @@ for tree in "$@"; do
 done
 echo "tested at $SECONDS s"
 for tree in "${timed[@]}"; do
-  in_tree "$tree" timeout "${TIME_TIMEOUT:-90}" python3 -m bench.time_prepare "${CASES:-grid}" > "$OUT/prep_$tree.log" 2>&1
+  in_tree "$tree" timeout "${TIME_TIMEOUT:-90}" python3 -m bench.time_prepare ${PREP_ARGS:-"${CASES:-grid}"} > "$OUT/prep_$tree.log" 2>&1
   echo "$tree: $(tail -n 1 "$OUT/prep_$tree.log") at $SECONDS s"
 done
 # One row per case, one column per tree (µs).

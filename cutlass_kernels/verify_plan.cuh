@@ -275,6 +275,7 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
   static_assert(kPlanChunk % kThreads == 0, "a chunk is whole requests per thread");
   static_assert(kLaneSharesMaxBatch <= kPlanChunk, "lane by lane, the row block entries need the batch in one chunk");
   static_assert(kLongestFirstMaxBatch <= kPlanChunk, "longest first, the pieces' order needs the batch in one chunk");
+  static_assert(kLongestFirstMaxBatch <= kThreads, "longest first, every request has a thread to rank it");
   constexpr int kPerThread = kPlanChunk / kThreads;
   __shared__ int64_t s_block_end[kPlanChunk];   // inclusive: row blocks of requests up to this one
   __shared__ int64_t s_item_start[kPlanChunk];  // items of the requests before this one
@@ -329,20 +330,31 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
       s_piece_end[threadIdx.x * kPerThread + i] = mine[kBlocksPieces] & 0xffffffff;
     }
     __syncthreads();
-    if (longest_first) {  // each request's rank and where its pieces end in rank order (B <= kPlanChunk: O(B) each)
-      for (int i = 0; i < kPerThread; ++i) {
-        const int me = threadIdx.x * kPerThread + i;
-        if (me >= a.batch) continue;
-        const int key = s_longest[me];
-        int rank = 0;
-        uint32_t before = 0;
-#pragma unroll 1
-        for (int j = 0; j < a.batch; ++j) {
-          if (s_longest[j] > key || (s_longest[j] == key && j < me)) {
+    if (longest_first) {
+      // Each request's rank and where its pieces end in rank order. A group of threads ranks one
+      // request (B <= kThreads): each compares a strided share of the batch, shuffles add the
+      // shares, so the loop is B / group long, not B.
+      const int per_request = kThreads / a.batch;
+      const int group = min(32, 1 << (31 - __clz(per_request)));  // a power of two: the shuffles stay inside it
+      const int me = threadIdx.x / group, share = threadIdx.x % group;
+      const int key = me < a.batch ? s_longest[me] : 0;
+      int rank = 0;
+      uint32_t before = 0;
+      if (me < a.batch) {
+#pragma unroll 4
+        for (int j = share; j < a.batch; j += group) {
+          const int other = s_longest[j];
+          if (other > key || (other == key && j < me)) {
             ++rank;
             before += s_request_pieces[j];
           }
         }
+      }
+      for (int d = group / 2; d > 0; d /= 2) {
+        rank += __shfl_xor_sync(0xffffffffu, rank, d);
+        before += __shfl_xor_sync(0xffffffffu, before, d);
+      }
+      if (me < a.batch && share == 0) {
         s_order[rank] = me;
         s_ranked_piece_end[rank] = before + s_request_pieces[me];
       }

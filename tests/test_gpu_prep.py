@@ -66,17 +66,18 @@ def test_prepare_verify_cuda_writes_the_plan():
     check_prepare_verify_writes_the_plan(device="cuda")
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(60))
 def test_verify_plan_cuda_matches_cpu(seed):
     """The plan-only launch against the CPU twin: ragged, empty and zero-draft requests, B up to
     4096 (many chunks of the scan; around LONGEST_FIRST_MAX_BATCH, where the pieces' order
-    changes), padding rows, several schedules."""
+    changes; below it, batches that give each request's rank groups of 1 to 32 threads), padding
+    rows, several schedules."""
     import random
 
     from ddtree_op.prep import verify_plan
 
     rng = random.Random(seed)
-    batch = rng.choice([0, 1, 2, 7, 64, 255, 256, 257, 511, 512, 513, 1000, 1023, 4096])
+    batch = rng.choice([0, 1, 2, 3, 7, 12, 33, 64, 100, 129, 255, 256, 257, 511, 512, 513, 1000, 1023, 4096])
     drafts = [rng.choice([0, 1, 4, 16, 64]) for _ in range(batch)]
     keys = [n + rng.choice([0, 5, 128, 1000, 70000]) for n in drafts]
     qo = torch.tensor([0] + drafts).cumsum(0)
