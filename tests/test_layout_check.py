@@ -1,6 +1,7 @@
-"""Host-side checks of the sm_90a kernel's layout algebra (cutlass_kernels/tests/layout_check.cu) and
-of the FP8 GEMM operands (cutlass_kernels/tests/fp8_operands_check.cu): compiled with nvcc and run
-on the CPU, so CI checks them without a GPU. The FP8 operands also run on an sm_90 GPU against
+"""Host-side checks of the sm_90a kernel's layout algebra (cutlass_kernels/tests/layout_check.cu),
+of the FP8 GEMM operands (cutlass_kernels/tests/fp8_operands_check.cu) and of the transposed
+design's register operands (cutlass_kernels/tests/transposed_operands_check.cu): compiled with
+nvcc and run on the CPU, so CI checks them without a GPU. The FP8 operands also run on an sm_90 GPU against
 their definitions (cutlass_kernels/tests/fp8_operands_gpu.cu), where there is one."""
 
 import shutil
@@ -17,6 +18,7 @@ from gpu_cases import needs_sm90
 @pytest.mark.parametrize("check, passed", [
     ("layout_check", "all layout checks passed"),
     ("fp8_operands_check", "all FP8 operand checks passed"),
+    ("transposed_operands_check", "all transposed operand checks passed"),
 ])
 def test_sm90_layouts_hold_on_the_host(tmp_path, check, passed):
     run_check(tmp_path, check, passed)
