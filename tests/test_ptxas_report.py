@@ -29,6 +29,6 @@ def test_a_serialised_kernel_and_a_spilling_one_are_both_flagged():
 
 
 def test_a_kernel_without_spills_or_notes_is_clean():
-    clean_text = "\n".join(line for line in _SERIALISED.splitlines()[:3]) + f"\nptxas info    : Used 96 registers\n"
+    clean_text = "\n".join(_SERIALISED.splitlines()[:3]) + "\nptxas info    : Used 96 registers\n"
     (kernel,) = parse_ptxas(clean_text)
     assert kernel.clean and kernel.registers == 96

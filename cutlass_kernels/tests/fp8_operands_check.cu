@@ -21,6 +21,7 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
 #include "sm90/fp8_operands.cuh"
+#include "host_byte_perm.h"
 
 using namespace cute;
 using Fp8 = cutlass::float_e4m3_t;
@@ -62,12 +63,6 @@ void stmatrix_x4(uint8_t* smem, const uint32_t (&addr)[32], const uint32_t (&reg
   for (int t = 0; t < 32; ++t) {
     for (int m = 0; m < 4; ++m) std::memcpy(smem + addr[8 * m + t / 4] + 4 * (t % 4), &reg[t][m], 4);
   }
-}
-uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t selector) {
-  const uint64_t bytes = uint64_t(y) << 32 | x;
-  uint32_t out = 0;
-  for (int i = 0; i < 4; ++i) out |= uint32_t((bytes >> (8 * ((selector >> (4 * i)) & 7))) & 0xff) << (8 * i);
-  return out;
 }
 
 int main() {

@@ -17,16 +17,10 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
 #include "sm90/transposed_operands.cuh"
+#include "host_byte_perm.h"
 
 using namespace cute;
 using namespace ddtree::sm90;
-
-static uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // __byte_perm without its sign mode
-  const uint64_t bytes = (uint64_t(y) << 32) | x;
-  uint32_t out = 0;
-  for (int n = 0; n < 4; ++n) out |= uint32_t((bytes >> (8 * ((s >> (4 * n)) & 7))) & 0xff) << (8 * n);
-  return out;
-}
 
 int main() {
   int failures = 0;
