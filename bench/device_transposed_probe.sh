@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The transposed FP8 pair-loop probe (bench/transposed_fp8_probe.py) in one device call, alone or
+# after an A/B of kernel variants (bench/device_ab.sh) that shares the call's start:
+#   run(command="bash bench/device_transposed_probe.sh", carry=[".whl"])
+#   run(command="AB_TREES='main roperegs' [device_ab.sh's settings] bash bench/device_transposed_probe.sh",
+#       carry=[".whl", ".snap"])
+# With AB_TREES the probe runs in the first tree's snapshot (which must hold the probe) and reuses
+# that tree's library build. PROBE_ARGS: the probe's arguments (--shapes, --splits).
+# Writes under $OUT: probe.txt, probe_build.log (and, with AB_TREES, the A/B's files).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site_probe .whl/*.whl || exit 1
+export PYTHONUNBUFFERED=1
+if [ -n "${AB_TREES:-}" ]; then
+  tree=${AB_TREES%% *}
+  tree_dir=$root/.snap/$tree cache=/tmp/ddc_$tree
+else
+  tree_dir=$root cache=/tmp/ddc_probe
+fi
+in_probe_tree() { (cd "$tree_dir" && PYTHONPATH=/tmp/site_probe:$tree_dir DDTREE_CACHE_DIR=$cache "$@"); }
+# The probe's extension now; the package's libraries here only when no A/B builds them.
+{
+  in_probe_tree timeout 400 python3 -c "from bench.transposed_fp8_probe import load_probe; load_probe()"
+  [ -z "${AB_TREES:-}" ] && in_probe_tree timeout 400 python3 bench/build_libraries.py
+} > /tmp/probe_build.log 2>&1 &
+build=$!
+# shellcheck disable=SC2086  # AB_TREES: tree names, split at spaces
+[ -n "${AB_TREES:-}" ] && bash bench/device_ab.sh $AB_TREES
+wait $build
+grep -v DEBUG /tmp/probe_build.log | tail -n 30 > "$OUT/probe_build.log"
+echo "probe built at $SECONDS s"
+# shellcheck disable=SC2086  # PROBE_ARGS: arguments, split at spaces
+in_probe_tree timeout "${PROBE_TIMEOUT:-180}" python3 -m bench.transposed_fp8_probe ${PROBE_ARGS:-} 2>&1 | grep -v DEBUG | tee "$OUT/probe.txt"
+echo "probed at $SECONDS s"

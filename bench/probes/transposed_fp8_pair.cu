@@ -1,0 +1,482 @@
+// The pair loop of the transposed FP8 design, alone (docs/kernel-log.md: the design in the
+// twenty-first session, this probe in the twenty-second): the e4m3 cache stays e4m3 in shared
+// memory and is widened into registers as the A operand of RS GEMMs,
+//   S^T = K Q^T   (M = 64 keys, N = the request's rows, over 576 columns),
+//   O^T = V^T P^T (M = a warpgroup's 256 output columns in four m-blocks, N = the rows, over keys),
+// with the operand permutations of cutlass_kernels/sm90/transposed_operands.cuh.
+// One CTA takes one request's N rows (N = 16, 32, 64: H = 16 with q_len 1, 2, 4) over one
+// contiguous range of its keys, every key visible (no tree mask, no split planning), the range a
+// multiple of 128 keys, and writes the range's normalised output (fp32) and each row's base-2
+// log-sum-exp; the caller merges the ranges. bench/transposed_fp8_probe.py builds it as a torch
+// extension, checks it against a float32 reference and times it beside the package's kernels.
+//
+// Warpgroups 0 and 1 take the tiles of a pair (2 i + w) and each owns 256 output columns; both
+// run the softmax of a pair at the same time (three named barriers a pair): the simple schedule,
+// so what it measures is an upper bound of the design's pair. Warpgroup 2 gathers 64-key tiles
+// of 576-byte rows by slot with cp.async into three stages (36 KB each, beside q's 72 KB at N = 64).
+#include <torch/extension.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "sm90/async_copy.cuh"          // cp_async_16
+#include "sm90/fp8_tile.cuh"            // e4m3x2_bits_to
+#include "sm90/numeric.cuh"             // exp2_approx, pack_pair
+#include "sm90/traits.cuh"              // p_tile_byte_offset
+#include "sm90/transposed_operands.cuh" // q_column_at, v_pair_selector
+
+namespace transposed_probe {
+
+using namespace cute;
+using ddtree::sm90::e4m3x2_bits_to;
+using ddtree::sm90::exp2_approx;
+using ddtree::sm90::p_tile_byte_offset;
+using ddtree::sm90::pack_pair;
+using ddtree::sm90::v_pair_selector;
+using Element = cutlass::bfloat16_t;
+
+constexpr int kKeys = 64, kRowBytes = 576, kStages = 3, kLatent = 512, kQkDim = 576, kChunks = 9;
+constexpr int kStageBytes = kKeys * kRowBytes;
+constexpr int kMmaThreads = 256;
+// Named barriers (0 is __syncthreads): both warpgroups' partial maxima or sums are in shared
+// memory; a warpgroup's new row state is; both P tiles are.
+enum Barrier : uint32_t { kPartialsReady = 1, kRowState0 = 2, kProbsReady = 4 };
+
+// A stage: row-major 64 keys x 576 bytes; 16-byte unit u < 32 of key k sits at unit
+// u ^ 2 ((k >> 1) & 3), so that the eight-byte loads of V^T (four keys 2 apart, 32 bytes each) hit
+// eight distinct bank groups; the 16-byte loads of K (two keys, 64 bytes each) stay conflict-free.
+__device__ __forceinline__ uint32_t stage_unit(int key, int unit) { return unit < 32 ? unit ^ (2 * ((key >> 1) & 3)) : unit; }
+
+template <int N>
+struct Traits {
+  static_assert(N == 16 || N == 32 || N == 64, "rows per CTA");
+  using Mma = decltype(make_tiled_mma(
+      SM90::GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<N>, _16>, GMMA::Major::K, GMMA::Major::K>()));
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<N>, Int<kQkDim>>{}));
+  using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<Int<N>, Int<kKeys>>{}));
+  // After setmaxnreg (2 x 128 x mma + 128 x gather <= 64 K): at N = 64, O^T's 128 accumulator
+  // registers need more than 224 to keep the wgmma pipeline unserialised.
+  static constexpr uint32_t kMmaRegisters = N == 64 ? 232 : 224, kGatherRegisters = N == 64 ? 40 : 56;
+  static constexpr int kQBytes = N * kQkDim * 2;
+  static constexpr int kStagesOffset = kQBytes;
+  static constexpr int kPOffset = kStagesOffset + kStages * kStageBytes;  // P0, then P1
+  static constexpr int kPBytes = N * kKeys * 2;
+  struct State {
+    uint64_t full[kStages], empty[kStages], q_full;
+    float partial[2][4][N];  // [warpgroup][warp][row]: a warp's maximum (or sum) of a row
+    float row_max[2][N];     // each warpgroup's copy of the running maximum (base 2)
+    float row_scale[2][N];   // its rescale factor of the current pair (at the end: 1 / sum)
+  };
+  static constexpr int kStateOffset = kPOffset + 2 * kPBytes;
+  static constexpr int kSmemBytes = kStateOffset + int(sizeof(State));
+  static_assert(kSmemBytes + 1024 <= 227 * 1024, "fits an SM");
+};
+
+struct Params {
+  const Element* q;     // [batch * N, 576]
+  const uint8_t* kv;    // [pool, 576] e4m3
+  const int* slots;     // [batch, keys_per_request]
+  float* out;           // [splits, batch * N, 512]
+  float* lse;           // [splits, batch * N], base 2
+  int batch, keys_per_request, keys_per_split;
+  float scale_log2;     // sm_scale * kv_scale * log2(e)
+  float kv_scale;
+};
+
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint2 ld_shared_v2(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// K's A fragment of one 64-column chunk (4 k-steps) from the thread's 16 bytes of keys r0 and
+// r0 + 8: word s of key e gives registers 4 s + e (bytes 0, 1) and 4 s + 2 + e (bytes 2, 3).
+__device__ __forceinline__ void widen_k_chunk(const uint4 (&raw)[2], uint32_t* a) {
+  CUTE_UNROLL
+  for (int s = 0; s < 4; ++s) {
+    CUTE_UNROLL
+    for (int e = 0; e < 2; ++e) {
+      const uint32_t word = word_of(raw[e], s);
+      a[4 * s + e] = e4m3x2_bits_to<Element>(__byte_perm(word, 0, 0x1404));
+      a[4 * s + 2 + e] = e4m3x2_bits_to<Element>(__byte_perm(word, 0, 0x3424));
+    }
+  }
+}
+
+// V^T's A fragment of one k-step (16 keys) for the four m-blocks: raw[2 h + e] is the thread's
+// 8 bytes of key 16 s + 8 h + 2 q + e; register 4 bm + p pairs byte 2 bm + p % 2 of keys e = 0, 1
+// of h = p / 2.
+__device__ __forceinline__ void widen_v_step(const uint2 (&raw)[4], uint32_t* a) {
+  CUTE_UNROLL
+  for (int bm = 0; bm < 4; ++bm) {
+    CUTE_UNROLL
+    for (int p = 0; p < 4; ++p) {
+      const int h = p / 2, b = (2 * bm + p % 2) % 4;
+      const uint32_t x = bm < 2 ? raw[2 * h].x : raw[2 * h].y, y = bm < 2 ? raw[2 * h + 1].x : raw[2 * h + 1].y;
+      a[4 * bm + p] = e4m3x2_bits_to<Element>(__byte_perm(x, y, v_pair_selector(b)));
+    }
+  }
+}
+
+// Reduces each of a thread's kBlocks column pairs (block j: rows 8 j + 2 q, + 1 of the
+// accumulator's N) over the warp's eight key lanes (lane / 4) and leaves block lane / 4 %
+// kBlocks's result in the lane: a reduce-scatter by halves, each lane keeping the half its lane
+// bit names. Every index is static, so the values stay in registers (selecting block lane / 4
+// directly puts the array in local memory).
+template <int kBlocks, class Op>
+__device__ __forceinline__ float2 reduce_scatter_blocks(const float2 (&v)[kBlocks], int lane, Op op) {
+  float2 cur[kBlocks];
+  CUTE_UNROLL
+  for (int j = 0; j < kBlocks; ++j) cur[j] = v[j];
+  CUTE_UNROLL
+  for (int half = kBlocks / 2; half >= 1; half /= 2) {
+    const int mask = 4 * half;
+    const bool upper = lane & mask;
+    CUTE_UNROLL
+    for (int k = 0; k < half; ++k) {
+      const float2 keep = upper ? cur[k + half] : cur[k], send = upper ? cur[k] : cur[k + half];
+      cur[k] = op(keep, make_float2(__shfl_xor_sync(0xffffffff, send.x, mask), __shfl_xor_sync(0xffffffff, send.y, mask)));
+    }
+  }
+  CUTE_UNROLL
+  for (int mask = 4 * kBlocks; mask < 32; mask *= 2) {
+    cur[0] = op(cur[0], make_float2(__shfl_xor_sync(0xffffffff, cur[0].x, mask), __shfl_xor_sync(0xffffffff, cur[0].y, mask)));
+  }
+  return cur[0];
+}
+struct Max2 {
+  __device__ float2 operator()(float2 a, float2 b) const { return make_float2(fmaxf(a.x, b.x), fmaxf(a.y, b.y)); }
+};
+struct Sum2 {
+  __device__ float2 operator()(float2 a, float2 b) const { return make_float2(a.x + b.x, a.y + b.y); }
+};
+
+template <int N>
+__device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>::State& st, uint32_t smem, int t) {
+  using T = Traits<N>;
+  const int lane = t % 32, warp = t / 32, b = blockIdx.x, split = blockIdx.y;
+  const int* const slots = p.slots + int64_t(b) * p.keys_per_request + int64_t(split) * p.keys_per_split;
+  const int tiles = p.keys_per_split / kKeys;
+  auto issue_tile = [&](int tile) {
+    const int stage = tile % kStages;
+    if (tile >= kStages) cutlass::arch::ClusterBarrier::wait(&st.empty[stage], (tile / kStages - 1) & 1);
+    const uint32_t dst = smem + T::kStagesOffset + stage * kStageBytes;
+    const int* const keys = slots + tile * kKeys;
+#pragma unroll 1
+    for (int i = 0; i < 4; ++i) {  // four keys a warp instruction, 128 contiguous bytes each
+      const int key = 16 * warp + 4 * i + lane / 8;
+      const uint8_t* const src = p.kv + int64_t(keys[key]) * kRowBytes;
+      CUTE_UNROLL
+      for (int g = 0; g < 4; ++g) {
+        const int unit = 8 * g + lane % 8;
+        ddtree::sm90::cp_async_16(dst + key * kRowBytes + 16 * stage_unit(key, unit), src + 16 * unit, true);
+      }
+    }
+#pragma unroll 1
+    for (int h = 0; h < 2; ++h) {  // the rope's four units, eight keys a warp instruction
+      const int key = 16 * warp + 8 * h + lane / 4, unit = 32 + lane % 4;
+      ddtree::sm90::cp_async_16(dst + key * kRowBytes + 16 * unit, p.kv + int64_t(keys[key]) * kRowBytes + 16 * unit, true);
+    }
+    cutlass::arch::cpasync_barrier_arrive_noinc(&st.full[stage]);
+  };
+  issue_tile(0);
+  if (tiles > 1) issue_tile(1);
+  // q, its columns permuted within each 64-column chunk (q_column_at): a thread's 8 bytes of
+  // columns 64 c + 16 qq + 4 s .. + 3 go to positions 16 s + 2 qq (+1) and 16 s + 8 + 2 qq (+1).
+  {
+    const Element* const q = p.q + int64_t(b) * N * kQkDim;
+    const typename T::SmemLayoutQ layout{};
+    for (int idx = t; idx < N * kQkDim / 4; idx += 128) {
+      const int n = idx / (kQkDim / 4), group = idx % (kQkDim / 4);
+      const int c = group / 16, qq = (group % 16) / 4, s = group % 4;
+      uint2 v;
+      asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(q + n * kQkDim + 4 * group));
+      const uint32_t at0 = smem + 2 * uint32_t(layout(n, 64 * c + 16 * s + 2 * qq));
+      const uint32_t at1 = smem + 2 * uint32_t(layout(n, 64 * c + 16 * s + 8 + 2 * qq));
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at0), "r"(v.x) : "memory");
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at1), "r"(v.y) : "memory");
+    }
+    cutlass::arch::fence_view_async_shared();
+    cutlass::arch::ClusterBarrier::arrive(&st.q_full);
+  }
+  for (int tile = 2; tile < tiles; ++tile) issue_tile(tile);
+}
+
+template <int N>
+__device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::State& st, uint32_t smem, int w, int t) {
+  using T = Traits<N>;
+  using NamedBarrier = cutlass::arch::NamedBarrier;
+  constexpr int kCols = N / 4;  // a thread's rows of q (the accumulators' N): n = 8 j + 2 q + c, index 2 j + c
+  const int lane = t % 32, warp = t / 32, g = lane / 4, q = lane % 4;
+  const int r0 = 16 * warp + g;
+
+  typename T::Mma mma;
+  auto thr = mma.get_slice(t);
+  Element* const base = reinterpret_cast<Element*>(__cvta_shared_to_generic(smem));
+  Tensor q_desc = thr.partition_fragment_B(make_tensor(make_smem_ptr(base), typename T::SmemLayoutQ{}));  // (V, 1, 36)
+  Tensor p_desc0 = thr.partition_fragment_B(
+      make_tensor(make_smem_ptr(base + T::kPOffset / 2), typename T::SmemLayoutP{}));  // (V, 1, 4)
+  Tensor p_desc1 = thr.partition_fragment_B(make_tensor(make_smem_ptr(base + (T::kPOffset + T::kPBytes) / 2),
+                                                        typename T::SmemLayoutP{}));
+  Tensor acc_s = partition_fragment_C(mma, Shape<_64, Int<N>>{});  // ((2, 2, N / 8), 1, 1): key r0 + 8 r, row 8 j + 2 q + c
+  Tensor acc_o = partition_fragment_C(mma, Shape<_256, Int<N>>{}); // ((2, 2, N / 8), 4, 1): m-block bm
+  clear(acc_o);
+  // The A operands, double-buffered: K's four k-steps of a chunk, or V^T's four m-blocks of a k-step.
+  Tensor a0 = make_tensor<Element>(Shape<Shape<_2, _2, _2>, _1, _4>{});
+  Tensor a1 = make_tensor<Element>(Shape<Shape<_2, _2, _2>, _1, _4>{});
+  const auto v_layout = Layout<Shape<Shape<_2, _2, _2>, _4>>{};
+  float row_sum[kCols];
+  CUTE_UNROLL
+  for (int i = 0; i < kCols; ++i) row_sum[i] = 0.f;
+  if (t < N) st.row_max[w][t] = -INFINITY;
+
+  const uint32_t p_mine = smem + T::kPOffset + w * T::kPBytes;
+  const uint32_t u_v = 16 * w + 4 * warp + g / 2;  // V^T: the thread's 8 bytes of a key, unit u_v half g % 2
+  const int pairs = p.keys_per_split / (2 * kKeys);
+  cutlass::arch::ClusterBarrier::wait(&st.q_full, 0);
+
+  for (int pair = 0; pair < pairs; ++pair) {
+    // S^T of tile 2 pair + w.
+    const int my_tile = 2 * pair + w;
+    const uint32_t my_stage = smem + T::kStagesOffset + (my_tile % kStages) * kStageBytes;
+    cutlass::arch::ClusterBarrier::wait(&st.full[my_tile % kStages], (my_tile / kStages) & 1);
+    const uint32_t k_row = my_stage + r0 * kRowBytes;
+    const int k_swizzle = 2 * ((r0 >> 1) & 3);
+    auto load_k = [&](int c, uint4 (&raw)[2]) {
+      const int unit = c < 8 ? (4 * c + q) ^ k_swizzle : 32 + q;
+      raw[0] = ld_shared_v4(k_row + 16 * unit);
+      raw[1] = ld_shared_v4(k_row + 8 * kRowBytes + 16 * unit);
+    };
+    warpgroup_fence_operand(acc_s);
+    mma.accumulate_ = GMMA::ScaleOut::Zero;
+    uint4 raw[2];
+    load_k(0, raw);
+    cute::for_each(make_int_sequence<kChunks>{}, [&](auto c_) {
+      constexpr int c = decltype(c_)::value;
+      auto& a = c % 2 == 0 ? a0 : a1;
+      warpgroup_wait<1>();  // the group that read this buffer (two back) is done
+      warpgroup_fence_operand(a);
+      widen_k_chunk(raw, reinterpret_cast<uint32_t*>(a.data()));
+      if constexpr (c + 1 < kChunks) load_k(c + 1, raw);
+      warpgroup_fence_operand(a);
+      warpgroup_arrive();
+      CUTE_UNROLL
+      for (int s = 0; s < 4; ++s) {
+        cute::gemm(mma, a(_, _, s), q_desc(_, _, 4 * c + s), acc_s);
+        mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+    });
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_s);
+    warpgroup_fence_operand(acc_o);
+    warpgroup_fence_operand(a0);
+    warpgroup_fence_operand(a1);
+
+    // The pair's maximum of each row: over the thread's two keys, the warp's eight key lanes,
+    // then (in shared memory) the four warps of both warpgroups.
+    {
+      float2 part[N / 8];
+      CUTE_UNROLL
+      for (int j = 0; j < N / 8; ++j) {
+        part[j] = make_float2(fmaxf(acc_s(4 * j), acc_s(4 * j + 2)), fmaxf(acc_s(4 * j + 1), acc_s(4 * j + 3)));
+      }
+      const float2 warp_max = reduce_scatter_blocks(part, lane, Max2{});
+      if (g < N / 8) *reinterpret_cast<float2*>(&st.partial[w][warp][8 * g + 2 * q]) = warp_max;
+    }
+    NamedBarrier::sync(kMmaThreads, kPartialsReady);
+    if (t < N) {
+      float tile_max = st.partial[0][0][t];
+      CUTE_UNROLL
+      for (int k = 1; k < 8; ++k) tile_max = fmaxf(tile_max, st.partial[k / 4][k % 4][t]);
+      const float old_max = st.row_max[w][t], new_max = fmaxf(old_max, tile_max * p.scale_log2);
+      st.row_scale[w][t] = exp2_approx(old_max - new_max);
+      st.row_max[w][t] = new_max;
+    }
+    NamedBarrier::sync(128, kRowState0 + w);
+    CUTE_UNROLL
+    for (int j = 0; j < N / 8; ++j) {
+      const float2 m = *reinterpret_cast<const float2*>(&st.row_max[w][8 * j + 2 * q]);
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        acc_s(4 * j + 2 * r) = exp2_approx(fmaf(acc_s(4 * j + 2 * r), p.scale_log2, -m.x));
+        acc_s(4 * j + 2 * r + 1) = exp2_approx(fmaf(acc_s(4 * j + 2 * r + 1), p.scale_log2, -m.y));
+      }
+    }
+    float factor[kCols];  // loaded after the exponentials: fewer registers live at once
+    CUTE_UNROLL
+    for (int j = 0; j < N / 8; ++j) {
+      const float2 f = *reinterpret_cast<const float2*>(&st.row_scale[w][8 * j + 2 * q]);
+      factor[2 * j] = f.x, factor[2 * j + 1] = f.y;
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < kCols; ++i) row_sum[i] = row_sum[i] * factor[i] + acc_s(4 * (i / 2) + i % 2) + acc_s(4 * (i / 2) + 2 + i % 2);
+    bool same = true;
+    CUTE_UNROLL
+    for (int i = 0; i < kCols; ++i) same = same && factor[i] == 1.f;
+    if (!__all_sync(0xffffffff, same)) {
+      CUTE_UNROLL
+      for (int bm = 0; bm < 4; ++bm) {
+        CUTE_UNROLL
+        for (int i = 0; i < N / 2; ++i) acc_o(i + (N / 2) * bm) *= factor[2 * (i / 4) + i % 2];
+      }
+    }
+    // P^T: this warpgroup's tile as P [row][key] (K-major, the B operand of O^T), one 8 x 8 block
+    // (keys 8 (2 warp + r), rows 8 j) a matrix, stored transposed.
+    CUTE_UNROLL
+    for (int k = 0; k < N / 16; ++k) {
+      uint32_t bits[4];
+      CUTE_UNROLL
+      for (int mi = 0; mi < 4; ++mi) {
+        const int j = 2 * k + mi / 2, r = mi % 2;
+        bits[mi] = pack_pair<Element>(acc_s(4 * j + 2 * r), acc_s(4 * j + 2 * r + 1));
+      }
+      const int mi = lane / 8, j = 2 * k + mi / 2, r = mi % 2;
+      const uint32_t addr = p_mine + p_tile_byte_offset(8 * j + lane % 8, 8 * (2 * warp + r));
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(bits[0]),
+                   "r"(bits[1]), "r"(bits[2]), "r"(bits[3])
+                   : "memory");
+    }
+    cutlass::arch::fence_view_async_shared();
+    NamedBarrier::sync(kMmaThreads, kProbsReady);
+
+    // O^T += V^T P^T over both tiles, this warpgroup's 256 columns.
+    mma.accumulate_ = GMMA::ScaleOut::One;
+    warpgroup_fence_operand(acc_o);
+    cute::for_each(make_int_sequence<2>{}, [&](auto t2_) {
+      constexpr int t2 = decltype(t2_)::value;
+      const int tile = 2 * pair + t2;
+      const uint32_t stage = smem + T::kStagesOffset + (tile % kStages) * kStageBytes;
+      const uint32_t v_col = 16 * (u_v ^ (2 * q)) + 8 * (g % 2);  // keys 2 q + e: (key >> 1) & 3 == q
+      auto& p_desc = t2 == 0 ? p_desc0 : p_desc1;
+      cute::for_each(make_int_sequence<4>{}, [&](auto s_) {
+        constexpr int s = decltype(s_)::value, k = 4 * t2 + s;
+        auto& a = k % 2 == 0 ? a0 : a1;
+        uint2 raw_v[4];
+        CUTE_UNROLL
+        for (int he = 0; he < 4; ++he) {
+          const int key = 16 * s + 8 * (he / 2) + 2 * q + he % 2;
+          raw_v[he] = ld_shared_v2(stage + key * kRowBytes + v_col);
+        }
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(a);
+        widen_v_step(raw_v, reinterpret_cast<uint32_t*>(a.data()));
+        warpgroup_fence_operand(a);
+        warpgroup_arrive();
+        cute::gemm(mma, make_tensor(a.data(), v_layout), p_desc(_, _, s), acc_o);
+        warpgroup_commit_batch();
+      });
+      // The tile's bytes are in registers: its stage goes back to the gather.
+      cutlass::arch::ClusterBarrier::arrive(&st.empty[tile % kStages]);
+    });
+    // Waited here, not under the next S^T's first chunk: ptxas serialises every wgmma of the
+    // loop (C7514) when O^T's last group stays in flight into the next pair.
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_o);
+  }
+
+  // Each row's sum over all lanes, warps and both warpgroups; the output scaled by kv_scale / sum.
+  {
+    float2 part[N / 8];
+    CUTE_UNROLL
+    for (int j = 0; j < N / 8; ++j) part[j] = make_float2(row_sum[2 * j], row_sum[2 * j + 1]);
+    const float2 warp_sum = reduce_scatter_blocks(part, lane, Sum2{});
+    if (g < N / 8) *reinterpret_cast<float2*>(&st.partial[w][warp][8 * g + 2 * q]) = warp_sum;
+  }
+  NamedBarrier::sync(kMmaThreads, kPartialsReady);
+  const int64_t row_base = (int64_t(blockIdx.y) * p.batch + blockIdx.x) * N;
+  if (t < N) {
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int k = 0; k < 8; ++k) sum += st.partial[k / 4][k % 4][t];
+    st.row_scale[w][t] = p.kv_scale / sum;
+    if (w == 0) p.lse[row_base + t] = st.row_max[w][t] + log2f(sum);
+  }
+  NamedBarrier::sync(128, kRowState0 + w);
+  CUTE_UNROLL
+  for (int i = 0; i < kCols; ++i) {
+    const int n = 8 * (i / 2) + 2 * q + i % 2;
+    const float f = st.row_scale[w][n];
+    float v[8];  // columns 256 w + 8 (8 warp + g) + 2 bm + r
+    CUTE_UNROLL
+    for (int bm = 0; bm < 4; ++bm) {
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) v[2 * bm + r] = acc_o(i % 2 + 2 * r + 4 * (i / 2) + (N / 2) * bm) * f;
+    }
+    float4* const dst = reinterpret_cast<float4*>(p.out + (row_base + n) * kLatent + 256 * w + 8 * (8 * warp + g));
+    dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+    dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+
+template <int N>
+__global__ void __launch_bounds__(384, 1) transposed_pair_kernel(const __grid_constant__ Params p) {
+  using T = Traits<N>;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t smem = (raw + 1023u) & ~1023u;  // the 128-byte swizzle wants 1 KB alignment
+  auto& st = *reinterpret_cast<typename T::State*>(smem_raw + (smem - raw) + T::kStateOffset);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      cutlass::arch::ClusterBarrier::init(&st.full[s], 128);
+      cutlass::arch::ClusterBarrier::init(&st.empty[s], kMmaThreads);
+    }
+    cutlass::arch::ClusterBarrier::init(&st.q_full, 128);
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+  const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
+  if (warpgroup == 2) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits<N>::kGatherRegisters>();
+    gather_role<N>(p, st, smem, t);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Traits<N>::kMmaRegisters>();
+    mma_role<N>(p, st, smem, warpgroup, t);
+  }
+}
+
+template <int N>
+void launch(const Params& p, int splits, cudaStream_t stream) {
+  const int bytes = Traits<N>::kSmemBytes + 1024;
+  TORCH_CHECK(cudaFuncSetAttribute(transposed_pair_kernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess);
+  transposed_pair_kernel<N><<<dim3(p.batch, splits), 384, bytes, stream>>>(p);
+  TORCH_CHECK(cudaGetLastError() == cudaSuccess, "transposed_pair_kernel launch");
+}
+
+// out [splits, batch * rows, 512] fp32, lse [splits, batch * rows] (base 2).
+void run(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& slots, torch::Tensor& out, torch::Tensor& lse,
+         double sm_scale, double kv_scale, int64_t rows, int64_t splits) {
+  TORCH_CHECK(q.dtype() == torch::kBFloat16 && q.is_contiguous() && q.size(-1) == kQkDim, "q: [batch * rows, 576] bf16");
+  TORCH_CHECK(kv.element_size() == 1 && kv.is_contiguous() && kv.size(-1) == kRowBytes, "kv: [pool, 576] e4m3 bytes");
+  TORCH_CHECK(slots.dtype() == torch::kInt32 && slots.dim() == 2 && slots.is_contiguous(), "slots: [batch, keys] int32");
+  const int batch = int(slots.size(0)), keys = int(slots.size(1));
+  TORCH_CHECK(keys % (splits * 2 * kKeys) == 0, "each split's keys: a multiple of 128");
+  TORCH_CHECK(q.size(0) == batch * rows && out.size(0) == splits && out.size(1) == batch * rows && lse.numel() == splits * batch * rows);
+  Params p{reinterpret_cast<const Element*>(q.data_ptr()), reinterpret_cast<const uint8_t*>(kv.data_ptr()),
+           slots.data_ptr<int>(), out.data_ptr<float>(), lse.data_ptr<float>(), batch, keys, int(keys / splits),
+           float(sm_scale * kv_scale * 1.4426950408889634), float(kv_scale)};
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (rows == 16) {
+    launch<16>(p, int(splits), stream);
+  } else if (rows == 32) {
+    launch<32>(p, int(splits), stream);
+  } else {
+    TORCH_CHECK(rows == 64, "rows: 16, 32 or 64");
+    launch<64>(p, int(splits), stream);
+  }
+}
+
+}  // namespace transposed_probe
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("run", &transposed_probe::run); }

@@ -1,0 +1,130 @@
+"""The transposed FP8 pair loop alone (bench/probes/transposed_fp8_pair.cu), against a float32
+reference and beside the package's bf16 and FP8 kernels on the same shapes, in one process:
+
+  python3 -m bench.transposed_fp8_probe [--shapes H16_n1_B32_P8192,...] [--splits 4]   (on the GPU machine)
+
+A shape H16_n{q}_B{b}_P{p} is b requests of 16 q rows (one CTA's N = 16 q: 16, 32 or 64) over p
+cached keys each. The probe sees every key (no tree mask) and splits each request's keys into
+`splits` equal ranges, one CTA each; its partial outputs are merged here (not timed). The
+package's columns are the attention alone over a prepared step (bench.verify's `--no-prep`
+column: the split kernel and its merge), on the same shape with q drafts (p + q keys).
+Printed per shape: the probe's relative error (fp32 reference on the dequantised cache), then
+times (CUDA-graph replays) and the ratios probe / package FP8 and probe / package bf16 — the
+FP8 target is <= 0.6x bf16 on these memory-bound shapes (issue 17)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from pathlib import Path
+
+import torch
+
+from bench.cases import Case
+
+SOURCE = Path(__file__).resolve().parent / "probes" / "transposed_fp8_pair.cu"
+KV_SCALE = 0.05
+SHAPES = "H16_n1_B32_P8192,H16_n2_B32_P8192,H16_n4_B32_P8192,H16_n4_B8_P8192"
+
+
+def load_probe():
+    from torch.utils.cpp_extension import load
+
+    from ddtree_op.build import cuda_build_flags, include_dirs
+
+    flags = cuda_build_flags()
+    return load(name="transposed_fp8_pair", sources=[str(SOURCE)], extra_cuda_cflags=flags["nvcc"],
+                extra_cflags=flags["cxx"], extra_include_paths=include_dirs("sm90"), verbose=False)
+
+
+def parse_shape(name: str) -> tuple[int, int, int, int]:
+    match = re.fullmatch(r"H(\d+)_n(\d+)_B(\d+)_P(\d+)", name)
+    if not match:
+        raise ValueError(f"shape {name!r}: expected H<heads>_n<q_len>_B<batch>_P<prefix>")
+    return tuple(int(x) for x in match.groups())  # type: ignore[return-value]
+
+
+def probe_inputs(heads: int, q_len: int, batch: int, keys: int, seed: int):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    rows = heads * q_len
+    q = torch.randn(batch * rows, 576, device="cuda", generator=gen).to(torch.bfloat16)
+    pool = batch * keys + 1000
+    e4m3 = (torch.randn(pool, 576, device="cuda", generator=gen) * 3).to(torch.float8_e4m3fn)
+    slots = torch.randperm(pool, device="cuda", generator=gen)[: batch * keys].view(batch, keys).int().contiguous()
+    return q, e4m3, slots
+
+
+def reference(q, e4m3, slots, rows: int, sm_scale: float) -> torch.Tensor:
+    """float32 attention of each request's rows over its keys, on the dequantised cache."""
+    out = torch.empty(q.shape[0], 512, device="cuda")
+    for b in range(slots.shape[0]):
+        kv = e4m3[slots[b].long()].float() * KV_SCALE
+        s = (q[b * rows:(b + 1) * rows].float() @ kv.T) * sm_scale
+        out[b * rows:(b + 1) * rows] = torch.softmax(s, dim=-1) @ kv[:, :512]
+    return out
+
+
+def merge(out_parts: torch.Tensor, lse_parts: torch.Tensor) -> torch.Tensor:
+    """The splits' normalised outputs [splits, rows, 512] weighted by their base-2 log-sum-exps."""
+    weights = torch.softmax(lse_parts * math.log(2.0), dim=0)
+    return (weights.unsqueeze(-1) * out_parts).sum(0)
+
+
+def package_launches(heads: int, q_len: int, batch: int, prefix: int):
+    """The package's attention alone (bf16 cache, then the same cache in e4m3) on the shape."""
+    from bench.paged_fp8 import fp8_slot_inputs
+    from bench.verify import Inputs
+    from ddtree_op import mla_tree_verify_prepared
+
+    inputs = Inputs(Case(f"H{heads}_n{q_len}_B{batch}_P{prefix}", heads, (prefix,) * batch, (q_len,) * batch), seed=0)
+    cache, scale = fp8_slot_inputs(inputs.vb, kv_scale=KV_SCALE)
+    vb = inputs.vb
+
+    def fp8():
+        mla_tree_verify_prepared(vb.q, cache, inputs.prepared, sm_scale=vb.sm_scale, out=inputs.out, lse=inputs.lse,
+                                 kv_scale=scale, backend="sm90")
+
+    return inputs.attention("sm90"), fp8
+
+
+def main(argv=None) -> int:
+    from bench.verify import time_graph
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default=SHAPES)
+    parser.add_argument("--splits", default="auto", help="ranges a request's keys are split into (auto: ~132 CTAs)")
+    args = parser.parse_args(argv)
+    probe = load_probe()
+    print(f"{torch.cuda.get_device_name()}")
+    print(f"{'shape':22s} {'splits':>6s} {'rel err':>9s} {'probe':>9s} {'pkg fp8':>9s} {'pkg bf16':>9s} "
+          f"{'probe/fp8':>9s} {'probe/bf16':>10s} {'fp8/bf16':>8s}")
+    failed = False
+    for name in args.shapes.split(","):
+        heads, q_len, batch, prefix = parse_shape(name)
+        rows, keys = heads * q_len, prefix
+        splits = max(1, 132 // batch) if args.splits == "auto" else int(args.splits)
+        while keys % (splits * 128):
+            splits -= 1
+        sm_scale = 576 ** -0.5
+        q, e4m3, slots = probe_inputs(heads, q_len, batch, keys, seed=1)
+        out = torch.full((splits, batch * rows, 512), float("nan"), device="cuda")  # poisoned
+        lse = torch.full((splits, batch * rows), float("nan"), device="cuda")
+        run = lambda: probe.run(q, e4m3.view(torch.uint8), slots, out, lse, sm_scale, KV_SCALE, rows, splits)  # noqa: E731
+        run()
+        torch.cuda.synchronize()
+        ref = reference(q, e4m3, slots, rows, sm_scale)
+        got = merge(out, lse)
+        err = ((got - ref).norm() / ref.norm()).item()
+        ok = math.isfinite(err) and err <= 2e-2
+        failed |= not ok
+        probe_s = time_graph([run])
+        bf16, fp8 = package_launches(heads, q_len, batch, prefix)
+        bf16_s, fp8_s = time_graph([bf16]), time_graph([fp8])
+        print(f"{name:22s} {splits:6d} {err:9.2e}{'' if ok else '!'} {probe_s * 1e6:7.1f}us {fp8_s * 1e6:7.1f}us "
+              f"{bf16_s * 1e6:7.1f}us {probe_s / fp8_s:9.3f} {probe_s / bf16_s:10.3f} {fp8_s / bf16_s:8.3f}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
