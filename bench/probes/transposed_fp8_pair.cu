@@ -62,6 +62,10 @@ struct Traits {
   // After setmaxnreg (2 x 128 x mma + 128 x gather <= 64 K): at N = 64, O^T's 128 accumulator
   // registers need more than 224 to keep the wgmma pipeline unserialised.
   static constexpr uint32_t kMmaRegisters = N == 64 ? 232 : 224, kGatherRegisters = N == 64 ? 40 : 56;
+  // The A operand goes in groups of kSteps k-steps of K (S^T) or kBlocks m-blocks of V^T (O^T),
+  // double-buffered: 16 registers a buffer, at N = 64 8 (two groups a chunk or k-step), or the
+  // wgmma pipeline is serialised (C7512) beside O^T's 128 accumulator registers.
+  static constexpr int kSplit = N == 64 ? 2 : 1, kSteps = 4 / kSplit, kBlocks = 4 / kSplit;
   static constexpr int kQBytes = N * kQkDim * 2;
   static constexpr int kStagesOffset = kQBytes;
   static constexpr int kPOffset = kStagesOffset + kStages * kStageBytes;  // P0, then P1
@@ -88,43 +92,44 @@ struct Params {
   float kv_scale;
 };
 
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
+// kWords (1, 2 or 4) consecutive 32-bit words of shared memory.
+template <int kWords>
+__device__ __forceinline__ void ld_shared_words(uint32_t addr, uint32_t (&w)[kWords]) {
+  if constexpr (kWords == 4) {
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(addr));
+  } else if constexpr (kWords == 2) {
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(w[0]), "=r"(w[1]) : "r"(addr));
+  } else {
+    static_assert(kWords == 1, "1, 2 or 4 words");
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w[0]) : "r"(addr));
+  }
 }
-__device__ __forceinline__ uint2 ld_shared_v2(uint32_t addr) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 
-// K's A fragment of one 64-column chunk (4 k-steps) from the thread's 16 bytes of keys r0 and
-// r0 + 8: word s of key e gives registers 4 s + e (bytes 0, 1) and 4 s + 2 + e (bytes 2, 3).
-__device__ __forceinline__ void widen_k_chunk(const uint4 (&raw)[2], uint32_t* a) {
+// K's A fragment of kSteps k-steps from the thread's words of keys r0 (e = 0) and r0 + 8 (e = 1):
+// word s of key e gives registers 4 s + e (its bytes 0, 1) and 4 s + 2 + e (bytes 2, 3).
+template <int kSteps>
+__device__ __forceinline__ void widen_k(const uint32_t (&words)[2][kSteps], uint32_t* a) {
   CUTE_UNROLL
-  for (int s = 0; s < 4; ++s) {
+  for (int s = 0; s < kSteps; ++s) {
     CUTE_UNROLL
     for (int e = 0; e < 2; ++e) {
-      const uint32_t word = word_of(raw[e], s);
-      a[4 * s + e] = e4m3x2_bits_to<Element>(__byte_perm(word, 0, 0x1404));
-      a[4 * s + 2 + e] = e4m3x2_bits_to<Element>(__byte_perm(word, 0, 0x3424));
+      a[4 * s + e] = e4m3x2_bits_to<Element>(__byte_perm(words[e][s], 0, 0x1404));
+      a[4 * s + 2 + e] = e4m3x2_bits_to<Element>(__byte_perm(words[e][s], 0, 0x3424));
     }
   }
 }
 
-// V^T's A fragment of one k-step (16 keys) for the four m-blocks: raw[2 h + e] is the thread's
-// 8 bytes of key 16 s + 8 h + 2 q + e; register 4 bm + p pairs byte 2 bm + p % 2 of keys e = 0, 1
-// of h = p / 2.
-__device__ __forceinline__ void widen_v_step(const uint2 (&raw)[4], uint32_t* a) {
+// V^T's A fragment of one k-step (16 keys) for kBlocks consecutive m-blocks: words[2 h + e] are
+// the thread's words of key 16 s + 8 h + 2 q + e (word bm / 2 holds m-blocks bm, bm + 1);
+// register 4 bm + p pairs byte (2 bm + p % 2) % 4 of keys e = 0, 1 of h = p / 2.
+template <int kBlocks>
+__device__ __forceinline__ void widen_v(const uint32_t (&words)[4][(kBlocks + 1) / 2], uint32_t* a) {
   CUTE_UNROLL
-  for (int bm = 0; bm < 4; ++bm) {
+  for (int bm = 0; bm < kBlocks; ++bm) {
     CUTE_UNROLL
     for (int p = 0; p < 4; ++p) {
       const int h = p / 2, b = (2 * bm + p % 2) % 4;
-      const uint32_t x = bm < 2 ? raw[2 * h].x : raw[2 * h].y, y = bm < 2 ? raw[2 * h + 1].x : raw[2 * h + 1].y;
-      a[4 * bm + p] = e4m3x2_bits_to<Element>(__byte_perm(x, y, v_pair_selector(b)));
+      a[4 * bm + p] = e4m3x2_bits_to<Element>(__byte_perm(words[2 * h][bm / 2], words[2 * h + 1][bm / 2], v_pair_selector(b)));
     }
   }
 }
@@ -230,12 +235,19 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
   Tensor p_desc1 = thr.partition_fragment_B(make_tensor(make_smem_ptr(base + (T::kPOffset + T::kPBytes) / 2),
                                                         typename T::SmemLayoutP{}));
   Tensor acc_s = partition_fragment_C(mma, Shape<_64, Int<N>>{});  // ((2, 2, N / 8), 1, 1): key r0 + 8 r, row 8 j + 2 q + c
-  Tensor acc_o = partition_fragment_C(mma, Shape<_256, Int<N>>{}); // ((2, 2, N / 8), 4, 1): m-block bm
-  clear(acc_o);
-  // The A operands, double-buffered: K's four k-steps of a chunk, or V^T's four m-blocks of a k-step.
-  Tensor a0 = make_tensor<Element>(Shape<Shape<_2, _2, _2>, _1, _4>{});
-  Tensor a1 = make_tensor<Element>(Shape<Shape<_2, _2, _2>, _1, _4>{});
-  const auto v_layout = Layout<Shape<Shape<_2, _2, _2>, _4>>{};
+  // O^T in two accumulators of two m-blocks each (m-blocks 0, 1 and 2, 3: output columns by
+  // v_output_column), so that an O^T group of two m-blocks names one of them.
+  Tensor acc_lo = partition_fragment_C(mma, Shape<_128, Int<N>>{});  // ((2, 2, N / 8), 2, 1)
+  Tensor acc_hi = partition_fragment_C(mma, Shape<_128, Int<N>>{});
+  clear(acc_lo);
+  clear(acc_hi);
+  auto fence_o = [&] {
+    warpgroup_fence_operand(acc_lo);
+    warpgroup_fence_operand(acc_hi);
+  };
+  Tensor a0 = make_tensor<Element>(Shape<Shape<_2, _2, _2>, _1, Int<T::kSteps>>{});
+  Tensor a1 = make_tensor<Element>(Shape<Shape<_2, _2, _2>, _1, Int<T::kSteps>>{});
+  const auto v_pair_layout = Layout<Shape<Shape<_2, _2, _2>, _2>>{};  // two m-blocks of V^T's A
   float row_sum[kCols];
   CUTE_UNROLL
   for (int i = 0; i < kCols; ++i) row_sum[i] = 0.f;
@@ -253,34 +265,37 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
     cutlass::arch::ClusterBarrier::wait(&st.full[my_tile % kStages], (my_tile / kStages) & 1);
     const uint32_t k_row = my_stage + r0 * kRowBytes;
     const int k_swizzle = 2 * ((r0 >> 1) & 3);
-    auto load_k = [&](int c, uint4 (&raw)[2]) {
-      const int unit = c < 8 ? (4 * c + q) ^ k_swizzle : 32 + q;
-      raw[0] = ld_shared_v4(k_row + 16 * unit);
-      raw[1] = ld_shared_v4(k_row + 8 * kRowBytes + 16 * unit);
+    constexpr int kSteps = T::kSteps, kGroups = kChunks * T::kSplit;
+    // Group G: chunk G / kSplit, its words (k-steps) kSteps (G % kSplit) on.
+    auto load_k = [&](int group, uint32_t (&words)[2][kSteps]) {
+      const int c = group / T::kSplit, unit = c < 8 ? (4 * c + q) ^ k_swizzle : 32 + q;
+      const uint32_t at = k_row + 16 * unit + 4 * kSteps * (group % T::kSplit);
+      ld_shared_words(at, words[0]);
+      ld_shared_words(at + 8 * kRowBytes, words[1]);
     };
     warpgroup_fence_operand(acc_s);
     mma.accumulate_ = GMMA::ScaleOut::Zero;
-    uint4 raw[2];
-    load_k(0, raw);
-    cute::for_each(make_int_sequence<kChunks>{}, [&](auto c_) {
-      constexpr int c = decltype(c_)::value;
-      auto& a = c % 2 == 0 ? a0 : a1;
+    uint32_t k_words[2][kSteps];
+    load_k(0, k_words);
+    cute::for_each(make_int_sequence<kGroups>{}, [&](auto group_) {
+      constexpr int group = decltype(group_)::value, c = group / T::kSplit;
+      auto& a = group % 2 == 0 ? a0 : a1;
       warpgroup_wait<1>();  // the group that read this buffer (two back) is done
       warpgroup_fence_operand(a);
-      widen_k_chunk(raw, reinterpret_cast<uint32_t*>(a.data()));
-      if constexpr (c + 1 < kChunks) load_k(c + 1, raw);
+      widen_k(k_words, reinterpret_cast<uint32_t*>(a.data()));
+      if constexpr (group + 1 < kGroups) load_k(group + 1, k_words);
       warpgroup_fence_operand(a);
       warpgroup_arrive();
       CUTE_UNROLL
-      for (int s = 0; s < 4; ++s) {
-        cute::gemm(mma, a(_, _, s), q_desc(_, _, 4 * c + s), acc_s);
+      for (int s = 0; s < kSteps; ++s) {
+        cute::gemm(mma, a(_, _, s), q_desc(_, _, 4 * c + kSteps * (group % T::kSplit) + s), acc_s);
         mma.accumulate_ = GMMA::ScaleOut::One;
       }
       warpgroup_commit_batch();
     });
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s);
-    warpgroup_fence_operand(acc_o);
+    fence_o();
     warpgroup_fence_operand(a0);
     warpgroup_fence_operand(a1);
 
@@ -327,9 +342,9 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
     for (int i = 0; i < kCols; ++i) same = same && factor[i] == 1.f;
     if (!__all_sync(0xffffffff, same)) {
       CUTE_UNROLL
-      for (int bm = 0; bm < 4; ++bm) {
-        CUTE_UNROLL
-        for (int i = 0; i < N / 2; ++i) acc_o(i + (N / 2) * bm) *= factor[2 * (i / 4) + i % 2];
+      for (int i = 0; i < N; ++i) {
+        acc_lo(i) *= factor[2 * ((i % (N / 2)) / 4) + i % 2];
+        acc_hi(i) *= factor[2 * ((i % (N / 2)) / 4) + i % 2];
       }
     }
     // P^T: this warpgroup's tile as P [row][key] (K-major, the B operand of O^T), one 8 x 8 block
@@ -353,37 +368,48 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
 
     // O^T += V^T P^T over both tiles, this warpgroup's 256 columns.
     mma.accumulate_ = GMMA::ScaleOut::One;
-    warpgroup_fence_operand(acc_o);
+    fence_o();
     cute::for_each(make_int_sequence<2>{}, [&](auto t2_) {
       constexpr int t2 = decltype(t2_)::value;
+      constexpr int kBlocks = T::kBlocks, kWords = kBlocks / 2;
       const int tile = 2 * pair + t2;
       const uint32_t stage = smem + T::kStagesOffset + (tile % kStages) * kStageBytes;
       const uint32_t v_col = 16 * (u_v ^ (2 * q)) + 8 * (g % 2);  // keys 2 q + e: (key >> 1) & 3 == q
       auto& p_desc = t2 == 0 ? p_desc0 : p_desc1;
-      cute::for_each(make_int_sequence<4>{}, [&](auto s_) {
-        constexpr int s = decltype(s_)::value, k = 4 * t2 + s;
+      // Group (k-step s, m-half mh): kBlocks m-blocks from mh kBlocks on.
+      cute::for_each(make_int_sequence<4 * T::kSplit>{}, [&](auto group_) {
+        constexpr int group = decltype(group_)::value, s = group / T::kSplit, mh = group % T::kSplit;
+        constexpr int k = 4 * T::kSplit * t2 + group;
         auto& a = k % 2 == 0 ? a0 : a1;
-        uint2 raw_v[4];
+        uint32_t v_words[4][kWords];
         CUTE_UNROLL
         for (int he = 0; he < 4; ++he) {
           const int key = 16 * s + 8 * (he / 2) + 2 * q + he % 2;
-          raw_v[he] = ld_shared_v2(stage + key * kRowBytes + v_col);
+          ld_shared_words(stage + key * kRowBytes + v_col + 4 * kWords * mh, v_words[he]);
         }
         warpgroup_wait<1>();
         warpgroup_fence_operand(a);
-        widen_v_step(raw_v, reinterpret_cast<uint32_t*>(a.data()));
+        widen_v<kBlocks>(v_words, reinterpret_cast<uint32_t*>(a.data()));
         warpgroup_fence_operand(a);
         warpgroup_arrive();
-        cute::gemm(mma, make_tensor(a.data(), v_layout), p_desc(_, _, s), acc_o);
+        Element* const regs = raw_pointer_cast(a.data());
+        if constexpr (T::kSplit == 1) {
+          cute::gemm(mma, make_tensor(regs, v_pair_layout), p_desc(_, _, s), acc_lo);
+          cute::gemm(mma, make_tensor(regs + 16, v_pair_layout), p_desc(_, _, s), acc_hi);
+        } else if constexpr (mh == 0) {
+          cute::gemm(mma, make_tensor(regs, v_pair_layout), p_desc(_, _, s), acc_lo);
+        } else {
+          cute::gemm(mma, make_tensor(regs, v_pair_layout), p_desc(_, _, s), acc_hi);
+        }
         warpgroup_commit_batch();
       });
       // The tile's bytes are in registers: its stage goes back to the gather.
       cutlass::arch::ClusterBarrier::arrive(&st.empty[tile % kStages]);
     });
-    // Waited here, not under the next S^T's first chunk: ptxas serialises every wgmma of the
+    // Waited here, not under the next S^T's first group: ptxas serialises every wgmma of the
     // loop (C7514) when O^T's last group stays in flight into the next pair.
     warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_o);
+    fence_o();
   }
 
   // Each row's sum over all lanes, warps and both warpgroups; the output scaled by kv_scale / sum.
@@ -412,7 +438,10 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
     CUTE_UNROLL
     for (int bm = 0; bm < 4; ++bm) {
       CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) v[2 * bm + r] = acc_o(i % 2 + 2 * r + 4 * (i / 2) + (N / 2) * bm) * f;
+      for (int r = 0; r < 2; ++r) {
+        const int at = i % 2 + 2 * r + 4 * (i / 2) + (N / 2) * (bm % 2);
+        v[2 * bm + r] = (bm < 2 ? acc_lo(at) : acc_hi(at)) * f;
+      }
     }
     float4* const dst = reinterpret_cast<float4*>(p.out + (row_base + n) * kLatent + 256 * w + 8 * (8 * warp + g));
     dst[0] = make_float4(v[0], v[1], v[2], v[3]);
