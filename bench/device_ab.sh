@@ -2,7 +2,7 @@
 # Kernel variants A/B in one device call: trees under .snap/ (bench/snapshot_trees.sh), the first
 # one the base. Builds every tree (and, with WAIT_CLOCKS=1, its debug build) in parallel, runs
 # each variant's sm90 tests side by side (a failing variant is not timed), times attention alone on
-# ${CASES:-grid} for each tree one after another (sm90, paged:sm90, FlashMLA beside), compares
+# ${CASES:-grid} (CASE_FILTER: bench.verify's --filter) for each tree one after another (sm90, paged:sm90, FlashMLA beside), compares
 # them (bench/compare_runs.py) and, with WAIT_CLOCKS=1, prints each tree's wait clocks and its
 # timeline of one pair (wait_clocks.cuh). AB_TESTS:
 # the variants' pytest arguments instead of the sm90 tests, split at spaces (so a -k expression
@@ -38,7 +38,7 @@ done
 echo "tested at $SECONDS s"
 specs=()
 for tree in "${timed[@]}"; do
-  in_snap_tree "$tree" timeout "${GRID_TIMEOUT:-170}" python3 -m bench.verify --cases "${CASES:-grid}" $([ "${WITH_PREP:-0}" = 1 ] || echo --no-prep) \
+  in_snap_tree "$tree" timeout "${GRID_TIMEOUT:-170}" python3 -m bench.verify --cases "${CASES:-grid}" ${CASE_FILTER:+--filter "$CASE_FILTER"} $([ "${WITH_PREP:-0}" = 1 ] || echo --no-prep) \
     --backends "${AB_BACKENDS:-sm90,paged:sm90,flashmla}" --out "/tmp/r_$tree" 2>&1 | grep --line-buffered -E "^NVIDIA|wrote" 
   cp "/tmp/r_$tree/results.json" "$OUT/grid_$tree.json" && specs+=("$tree=$OUT/grid_$tree.json")
   echo "$tree timed at $SECONDS s"
