@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The transposed FP8 pair-loop probe (bench/transposed_fp8_probe.py) in one device call, alone or
-# after an A/B of kernel variants (bench/device_ab.sh) that shares the call's start:
+# before an A/B of kernel variants (bench/device_ab.sh) that shares the call's start and builds:
 #   run(command="bash bench/device_transposed_probe.sh", carry=[".whl"])
 #   run(command="AB_TREES='main roperegs' [device_ab.sh's settings] bash bench/device_transposed_probe.sh",
 #       carry=[".whl", ".snap"])
-# With AB_TREES the probe runs in the first tree's snapshot (which must hold the probe) and reuses
-# that tree's library build. PROBE_ARGS: the probe's arguments (--shapes, --splits).
+# With AB_TREES the probe runs in the first tree's snapshot (which must hold the probe), and every
+# tree's libraries are built beside the probe's extension before either runs. PROBE_ARGS: the probe's arguments (--shapes, --splits).
 # Writes under $OUT: probe.txt, probe_build.log (and, with AB_TREES, the A/B's files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,17 +19,22 @@ else
   tree_dir=$root cache=/tmp/ddc_probe
 fi
 in_probe_tree() { (cd "$tree_dir" && PYTHONPATH=/tmp/site_probe:$tree_dir DDTREE_CACHE_DIR=$cache "$@"); }
-# The probe's extension now; the package's libraries here only when no A/B builds them.
-{
-  in_probe_tree timeout 400 python3 -c "from bench.transposed_fp8_probe import load_probe; load_probe()"
-  [ -z "${AB_TREES:-}" ] && in_probe_tree timeout 400 python3 bench/build_libraries.py
-} > /tmp/probe_build.log 2>&1 &
-build=$!
-# shellcheck disable=SC2086  # AB_TREES: tree names, split at spaces
-[ -n "${AB_TREES:-}" ] && bash bench/device_ab.sh $AB_TREES
-wait $build
-grep -v DEBUG /tmp/probe_build.log | tail -n 30 > "$OUT/probe_build.log"
+# The probe's extension and every tree's libraries at once (the A/B then finds its builds).
+in_probe_tree timeout 400 python3 -c "from bench.transposed_fp8_probe import load_probe; load_probe()" > /tmp/probe_build.log 2>&1 &
+if [ -n "${AB_TREES:-}" ]; then
+  for t in $AB_TREES; do
+    (cd "$root/.snap/$t" && PYTHONPATH=/tmp/site_probe:$root/.snap/$t DDTREE_CACHE_DIR=/tmp/ddc_$t timeout 400 \
+      python3 bench/build_libraries.py) > "/tmp/build_$t.log" 2>&1 &
+  done
+else
+  in_probe_tree timeout 400 python3 bench/build_libraries.py > /tmp/build_probe.log 2>&1 &
+fi
+wait
+grep -hv DEBUG /tmp/probe_build.log /tmp/build_*.log | tail -n 30 > "$OUT/probe_build.log"
 echo "probe built at $SECONDS s"
+# The probe first, then the A/B: a call that ends early keeps the shorter one's result.
 # shellcheck disable=SC2086  # PROBE_ARGS: arguments, split at spaces
 in_probe_tree timeout "${PROBE_TIMEOUT:-180}" python3 -m bench.transposed_fp8_probe ${PROBE_ARGS:-} 2>&1 | grep -v DEBUG | tee "$OUT/probe.txt"
 echo "probed at $SECONDS s"
+# shellcheck disable=SC2086  # AB_TREES: tree names, split at spaces
+[ -n "${AB_TREES:-}" ] && bash bench/device_ab.sh $AB_TREES
