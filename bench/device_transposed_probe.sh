@@ -5,7 +5,8 @@
 #   run(command="AB_TREES='main roperegs' [device_ab.sh's settings] bash bench/device_transposed_probe.sh",
 #       carry=[".whl", ".snap"])
 # With AB_TREES the probe runs in the first tree's snapshot (which must hold the probe), and every
-# tree's libraries are built beside the probe's extension before either runs. PROBE_ARGS: the probe's arguments (--shapes, --splits).
+# tree's libraries are built beside the probe's extension before either runs.
+# PROBE_ARGS: the probe's arguments (--shapes, --splits).
 # Writes under $OUT: probe.txt, probe_build.log (and, with AB_TREES, the A/B's files).
 set -uo pipefail
 cd "$(dirname "$0")/.."
