@@ -9,8 +9,10 @@ cached keys each. The probe sees every key (no tree mask) and splits each reques
 package's columns are the attention alone over a prepared step (bench.verify's `--no-prep`
 column: the split kernel and its merge), on the same shape with q drafts (p + q keys).
 Printed per shape: the probe's relative error (fp32 reference on the dequantised cache), then
-times (CUDA-graph replays) and the ratios probe / package FP8 and probe / package bf16 — the
-FP8 target is <= 0.6x bf16 on these memory-bound shapes (issue 17)."""
+times (CUDA-graph replays), the ratios probe / package FP8 and probe / package bf16 — the
+FP8 target is <= 0.6x bf16 on these memory-bound shapes (issue 17) — and the probe's bytes (e4m3
+rows, slot ids, q, its fp32 partial outputs) per second as a fraction of the device's copy rate
+(bench.verify's ceiling, measured in the same run)."""
 
 from __future__ import annotations
 
@@ -88,17 +90,23 @@ def package_launches(heads: int, q_len: int, batch: int, prefix: int):
     return inputs.attention("sm90"), fp8
 
 
+def probe_bytes(rows: int, batch: int, keys: int, splits: int) -> int:
+    """What the probe reads and writes: e4m3 rows and slot ids, q once a CTA, fp32 outputs and lse."""
+    return batch * keys * (576 + 4) + splits * batch * rows * (576 * 2 + 512 * 4 + 4)
+
+
 def main(argv=None) -> int:
-    from bench.verify import time_graph
+    from bench.verify import measure_ceilings, time_graph
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--splits", default="auto", help="ranges a request's keys are split into (auto: ~132 CTAs)")
     args = parser.parse_args(argv)
     probe = load_probe()
-    print(f"{torch.cuda.get_device_name()}")
+    copy_rate = measure_ceilings()["copy_bytes_per_s"]
+    print(f"{torch.cuda.get_device_name()}, copy {copy_rate / 1e12:.2f} TB/s")
     print(f"{'shape':22s} {'splits':>6s} {'rel err':>9s} {'probe':>9s} {'pkg fp8':>9s} {'pkg bf16':>9s} "
-          f"{'probe/fp8':>9s} {'probe/bf16':>10s} {'fp8/bf16':>8s}")
+          f"{'probe/fp8':>9s} {'probe/bf16':>10s} {'fp8/bf16':>8s} {'probe/copy':>10s}")
     failed = False
     for name in args.shapes.split(","):
         heads, q_len, batch, prefix = parse_shape(name)
@@ -122,7 +130,8 @@ def main(argv=None) -> int:
         bf16, fp8 = package_launches(heads, q_len, batch, prefix)
         bf16_s, fp8_s = time_graph([bf16]), time_graph([fp8])
         print(f"{name:22s} {splits:6d} {err:9.2e}{'' if ok else '!'} {probe_s * 1e6:7.1f}us {fp8_s * 1e6:7.1f}us "
-              f"{bf16_s * 1e6:7.1f}us {probe_s / fp8_s:9.3f} {probe_s / bf16_s:10.3f} {fp8_s / bf16_s:8.3f}", flush=True)
+              f"{bf16_s * 1e6:7.1f}us {probe_s / fp8_s:9.3f} {probe_s / bf16_s:10.3f} {fp8_s / bf16_s:8.3f} "
+              f"{probe_bytes(rows, batch, keys, splits) / probe_s / copy_rate:10.3f}", flush=True)
     return 1 if failed else 0
 
 
