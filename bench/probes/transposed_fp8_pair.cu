@@ -36,6 +36,11 @@ using ddtree::sm90::e4m3x2_bits_to;
 using ddtree::sm90::exp2_approx;
 using ddtree::sm90::p_tile_byte_offset;
 using ddtree::sm90::pack_pair;
+using ddtree::sm90::k_load_byte;
+using ddtree::sm90::probs_store_key;
+using ddtree::sm90::probs_store_row;
+using ddtree::sm90::stage_unit;
+using ddtree::sm90::v_load_column;
 using ddtree::sm90::v_pair_selector;
 using Element = cutlass::bfloat16_t;
 
@@ -45,11 +50,6 @@ constexpr int kMmaThreads = 256;
 // Named barriers (0 is __syncthreads): both warpgroups' partial maxima or sums are in shared
 // memory; a warpgroup's new row state is; both P tiles are.
 enum Barrier : uint32_t { kPartialsReady = 1, kRowState0 = 2, kProbsReady = 4 };
-
-// A stage: row-major 64 keys x 576 bytes; 16-byte unit u < 32 of key k sits at unit
-// u ^ 2 ((k >> 1) & 3), so that the eight-byte loads of V^T (four keys 2 apart, 32 bytes each) hit
-// eight distinct bank groups; the 16-byte loads of K (two keys, 64 bytes each) stay conflict-free.
-__device__ __forceinline__ uint32_t stage_unit(int key, int unit) { return unit < 32 ? unit ^ (2 * ((key >> 1) & 3)) : unit; }
 
 template <int N>
 struct Traits {
@@ -254,7 +254,6 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
   if (t < N) st.row_max[w][t] = -INFINITY;
 
   const uint32_t p_mine = smem + T::kPOffset + w * T::kPBytes;
-  const uint32_t u_v = 16 * w + 4 * warp + g / 2;  // V^T: the thread's 8 bytes of a key, unit u_v half g % 2
   const int pairs = p.keys_per_split / (2 * kKeys);
   cutlass::arch::ClusterBarrier::wait(&st.q_full, 0);
 
@@ -263,13 +262,11 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
     const int my_tile = 2 * pair + w;
     const uint32_t my_stage = smem + T::kStagesOffset + (my_tile % kStages) * kStageBytes;
     cutlass::arch::ClusterBarrier::wait(&st.full[my_tile % kStages], (my_tile / kStages) & 1);
-    const uint32_t k_row = my_stage + r0 * kRowBytes;
-    const int k_swizzle = 2 * ((r0 >> 1) & 3);
     constexpr int kSteps = T::kSteps, kGroups = kChunks * T::kSplit;
     // Group G: chunk G / kSplit, its words (k-steps) kSteps (G % kSplit) on.
     auto load_k = [&](int group, uint32_t (&words)[2][kSteps]) {
-      const int c = group / T::kSplit, unit = c < 8 ? (4 * c + q) ^ k_swizzle : 32 + q;
-      const uint32_t at = k_row + 16 * unit + 4 * kSteps * (group % T::kSplit);
+      const int c = group / T::kSplit;  // keys r0 and r0 + 8 share their units' places
+      const uint32_t at = my_stage + k_load_byte(r0, c, q) + 4 * kSteps * (group % T::kSplit);
       ld_shared_words(at, words[0]);
       ld_shared_words(at + 8 * kRowBytes, words[1]);
     };
@@ -347,8 +344,8 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
         acc_hi(i) *= factor[2 * ((i % (N / 2)) / 4) + i % 2];
       }
     }
-    // P^T: this warpgroup's tile as P [row][key] (K-major, the B operand of O^T), one 8 x 8 block
-    // (keys 8 (2 warp + r), rows 8 j) a matrix, stored transposed.
+    // P^T: this warpgroup's tile as P [row][key] (K-major, the B operand of O^T), stored transposed
+    // block by block (transposed_operands.cuh, probs_store_row).
     CUTE_UNROLL
     for (int k = 0; k < N / 16; ++k) {
       uint32_t bits[4];
@@ -357,8 +354,7 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
         const int j = 2 * k + mi / 2, r = mi % 2;
         bits[mi] = pack_pair<Element>(acc_s(4 * j + 2 * r), acc_s(4 * j + 2 * r + 1));
       }
-      const int mi = lane / 8, j = 2 * k + mi / 2, r = mi % 2;
-      const uint32_t addr = p_mine + p_tile_byte_offset(8 * j + lane % 8, 8 * (2 * warp + r));
+      const uint32_t addr = p_mine + p_tile_byte_offset(probs_store_row(k, lane), probs_store_key(warp, lane));
       asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(bits[0]),
                    "r"(bits[1]), "r"(bits[2]), "r"(bits[3])
                    : "memory");
@@ -374,7 +370,7 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
       constexpr int kBlocks = T::kBlocks, kWords = kBlocks / 2;
       const int tile = 2 * pair + t2;
       const uint32_t stage = smem + T::kStagesOffset + (tile % kStages) * kStageBytes;
-      const uint32_t v_col = 16 * (u_v ^ (2 * q)) + 8 * (g % 2);  // keys 2 q + e: (key >> 1) & 3 == q
+      const uint32_t v_col = v_load_column(w, warp, g, q);
       auto& p_desc = t2 == 0 ? p_desc0 : p_desc1;
       // Group (k-step s, m-half mh): kBlocks m-blocks from mh kBlocks on.
       cute::for_each(make_int_sequence<4 * T::kSplit>{}, [&](auto group_) {

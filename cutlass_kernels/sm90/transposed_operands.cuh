@@ -42,4 +42,27 @@ __host__ __device__ constexpr int v_output_column(int bm, int w, int r, int i) {
 // byte b = (2 bm + p % 2) % 4 of the words of keys 2 q + 8 (p / 2) and the next.
 __host__ __device__ constexpr uint32_t v_pair_selector(int b) { return uint32_t(b << 4 | (4 + b) << 12); }
 
+// The e4m3 stage: row-major, 64 keys x 576 bytes. The 16-byte unit u < 32 (the latent) of key k
+// sits at unit u ^ 2 ((k >> 1) & 3), so that O^T's 8-byte loads of V (a half-warp reads four keys
+// two apart, whose rows lie 1152 bytes = 0 mod 128 apart) hit 32 distinct banks; S^T's 16-byte
+// loads of K (two keys a quarter-warp) stay conflict-free, and the rope's units stay in place.
+__host__ __device__ constexpr int stage_unit(int key, int unit) { return unit < 32 ? unit ^ (2 * ((key >> 1) & 3)) : unit; }
+
+// S^T: the stage byte of the 16 bytes of chunk c (0..8) that quad lane q takes from key `key`.
+__host__ __device__ constexpr int k_load_byte(int key, int c, int q) { return key * 576 + 16 * stage_unit(key, 4 * c + q); }
+
+// O^T: the byte within a key's row of the 8 bytes that thread (warp w, r = lane / 4, q = lane % 4)
+// of warpgroup wg loads from the keys 16 s + 8 h + 2 q + e it takes (whose (key >> 1) & 3 is q):
+// columns 256 wg + 8 (8 w + r) .. + 7 (v_output_column), at stage_unit of their unit.
+__host__ __device__ constexpr int v_load_column(int wg, int w, int r, int q) {
+  return 16 * ((16 * wg + 4 * w + r / 2) ^ (2 * q)) + 8 * (r % 2);
+}
+
+// P^T from S^T's accumulator by stmatrix.trans: x4 store k (0 .. N / 16 - 1) of warp w writes the
+// 8 x 8 blocks (keys 8 (2 w + b % 2) .., rows 8 (2 k + b / 2) ..) for b = 0..3, register b of a
+// lane packing its values (c = 0, 1) of accumulator rows my key + 8 (b % 2), block 2 k + b / 2.
+// Lane `lane` gives the address of P's row probs_store_row(k, lane), keys from probs_store_key(w, lane).
+__host__ __device__ constexpr int probs_store_row(int k, int lane) { return 8 * (2 * k + lane / 16) + lane % 8; }
+__host__ __device__ constexpr int probs_store_key(int w, int lane) { return 8 * (2 * w + (lane / 8) % 2); }
+
 }  // namespace ddtree::sm90

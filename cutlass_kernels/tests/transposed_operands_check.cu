@@ -9,18 +9,123 @@
 // 3. O^T: v_output_column maps (m-block, A row) of the 128 threads onto the 256 output columns once
 //    each, a thread's eight columns consecutive.
 // 4. v_pair_selector puts byte b of both keys' words at bytes 1 and 3 (__byte_perm emulated).
+// 5. The accumulators of the 64 x N RS atom (N = 16, 32, 64; S^T, or O^T's two m-blocks at 128 x N):
+//    value c + 2 r + 4 j (+ N / 2 b) of thread t is row 16 (t / 32) + (t % 32) / 4 + 8 r (+ 64 b),
+//    column 8 j + 2 (t % 4) + c.
+// 6. The e4m3 stage: stage_unit permutes each row's 36 units; S^T's 16-byte K loads (k_load_byte)
+//    and O^T's 8-byte V loads (v_load_column) read the units that hold their bytes, without bank
+//    conflicts (a quarter-warp's 16-byte loads, a half-warp's 8-byte loads).
+// 7. stmatrix.trans with the probs_store_row / probs_store_key addresses (the PTX semantics
+//    emulated: element (i, j) of a lane-fragment matrix lands in memory row j at column i) puts S^T's
+//    value of (key, row) at P's (row, key) (traits.cuh's p_tile_byte_offset), each once.
 #include <cstdio>
 #include <random>
+#include <vector>
 
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
+#include "sm90/traits.cuh"  // p_tile_byte_offset
 #include "sm90/transposed_operands.cuh"
 #include "host_byte_perm.h"
 
 using namespace cute;
 using namespace ddtree::sm90;
+
+using Bf16 = cutlass::bfloat16_t;
+
+template <int N, class Report>
+void check_accumulators(Report& report) {
+  auto mma = make_tiled_mma(SM90::GMMA::rs_op_selector<Bf16, Bf16, float, Shape<_64, Int<N>, _16>, GMMA::Major::K, GMMA::Major::K>());
+  auto s_coords = make_identity_tensor(Shape<_64, Int<N>>{});
+  auto o_coords = make_identity_tensor(Shape<_128, Int<N>>{});
+  for (int t = 0; t < 128; ++t) {
+    const int r0 = 16 * (t / 32) + (t % 32) / 4, q = t % 4;
+    auto s = mma.get_slice(t).partition_C(s_coords);
+    auto o = mma.get_slice(t).partition_C(o_coords);
+    if (size(s) != N / 2 || size(o) != N) report("5 accumulator size", t, N);
+    for (int i = 0; i < size(o) && i < N; ++i) {
+      const int b = i / (N / 2), v = i % (N / 2), c = v % 2, r = (v / 2) % 2, j = v / 4;
+      const int m = r0 + 8 * r, n = 8 * j + 2 * q + c;
+      if (get<0>(o(i)) != m + 64 * b || get<1>(o(i)) != n) report("5 O^T accumulator", t, i);
+      if (b == 0 && (get<0>(s(i)) != m || get<1>(s(i)) != n)) report("5 S^T accumulator", t, i);
+    }
+  }
+}
+
+template <int N, class Report>
+void check_probs_store(Report& report) {
+  std::vector<int> written(N * 64, 0);
+  for (int w = 0; w < 4; ++w) {
+    for (int k = 0; k < N / 16; ++k) {
+      for (int mi = 0; mi < 4; ++mi) {
+        for (int i = 0; i < 8; ++i) {      // fragment row: lane 4 i + j / 2 holds it
+          for (int j = 0; j < 8; ++j) {    // fragment column: that lane's half j % 2
+            const int lane = 4 * i + j / 2, g = lane / 4, q = lane % 4, c = j % 2;
+            const int block = 2 * k + mi / 2, r = mi % 2;  // register mi of the lane
+            const int key = 16 * w + g + 8 * r, row = 8 * block + 2 * q + c;
+            const int addr_lane = 8 * mi + j;  // .trans: memory row j of matrix mi, column i
+            const uint32_t at = p_tile_byte_offset(probs_store_row(k, addr_lane), probs_store_key(w, addr_lane)) + 2 * i;
+            if (at != p_tile_byte_offset(row, key)) report("7 P^T store", 64 * w + 16 * k + mi, 8 * i + j);
+            if (row < N) written[row * 64 + key]++;
+          }
+        }
+      }
+    }
+  }
+  for (int e = 0; e < N * 64; ++e) {
+    if (written[e] != 1) report("7 P^T each element once", e / 64, e % 64);
+  }
+}
+
+template <class Report>
+void check_stage(Report& report) {
+  for (int key = 0; key < 64; ++key) {
+    int seen[36] = {};
+    for (int u = 0; u < 36; ++u) seen[stage_unit(key, u)]++;
+    for (int u = 0; u < 36; ++u) {
+      if (seen[u] != 1) report("6 stage permutation", key, u);
+    }
+  }
+  for (int w = 0; w < 4; ++w) {
+    for (int c = 0; c < 9; ++c) {  // K: a quarter-warp's 16-byte loads, one of each bank group
+      for (int e = 0; e < 2; ++e) {
+        for (int quarter = 0; quarter < 4; ++quarter) {
+          int groups[8] = {};
+          for (int lane = 8 * quarter; lane < 8 * quarter + 8; ++lane) {
+            const int key = 16 * w + lane / 4 + 8 * e, q = lane % 4;
+            const int at = k_load_byte(16 * w + lane / 4, c, q) + 8 * e * 576;
+            if (at != k_load_byte(key, c, q) || at != key * 576 + 16 * stage_unit(key, 4 * c + q)) report("6 K load", lane, c);
+            groups[(at / 16) % 8]++;
+          }
+          for (int b = 0; b < 8; ++b) {
+            if (groups[b] != 1) report("6 K bank groups", 8 * w + quarter, c);
+          }
+        }
+      }
+    }
+    for (int wg = 0; wg < 2; ++wg) {  // V: a half-warp's 8-byte loads, 32 distinct banks
+      for (int he = 0; he < 16; ++he) {
+        const int s = he / 4, h = (he / 2) % 2, e = he % 2;
+        for (int half = 0; half < 2; ++half) {
+          int banks[32] = {};
+          for (int lane = 16 * half; lane < 16 * half + 16; ++lane) {
+            const int r = lane / 4, q = lane % 4, key = 16 * s + 8 * h + 2 * q + e;
+            const int col = 256 * wg + 8 * (8 * w + r);
+            const int at = key * 576 + v_load_column(wg, w, r, q);
+            if (at != key * 576 + 16 * stage_unit(key, col / 16) + col % 16) report("6 V load", lane, he);
+            banks[(at / 4) % 32]++;
+            banks[(at / 4 + 1) % 32]++;
+          }
+          for (int b = 0; b < 32; ++b) {
+            if (banks[b] != 1) report("6 V banks", 4 * wg + w, he);
+          }
+        }
+      }
+    }
+  }
+}
 
 int main() {
   int failures = 0;
@@ -64,6 +169,13 @@ int main() {
       if (((out >> 8) & 0xff) != ((x >> (8 * b)) & 0xff) || (out >> 24) != ((y >> (8 * b)) & 0xff)) report("4 selector", trial, b);
     }
   }
+  check_accumulators<16>(report);
+  check_accumulators<32>(report);
+  check_accumulators<64>(report);
+  check_probs_store<16>(report);
+  check_probs_store<32>(report);
+  check_probs_store<64>(report);
+  check_stage(report);
   std::printf("%s (%d failures)\n", failures ? "FAILED" : "all transposed operand checks passed", failures);
   return failures ? 1 : 0;
 }
