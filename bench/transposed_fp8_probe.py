@@ -8,7 +8,8 @@ cached keys each. The probe sees every key (no tree mask) and splits each reques
 `splits` equal ranges, one CTA each; its partial outputs are merged here (not timed). The
 package's columns are the attention alone over a prepared step (bench.verify's `--no-prep`
 column: the split kernel and its merge), on the same shape with q drafts (p + q keys).
-Printed per shape: the probe's relative error (fp32 reference on the dequantised cache), then
+Printed per shape: the probe's relative error (fp32 reference on the dequantised cache), its
+CTAs' mean clock cycles a pair (one untimed run), then
 times (CUDA-graph replays), the ratios probe / package FP8 and probe / package bf16 — the
 FP8 target is <= 0.6x bf16 on these memory-bound shapes (issue 17) — and the probe's bytes (e4m3
 rows, slot ids, q, its fp32 partial outputs) per second as a fraction of the device's copy rate
@@ -105,7 +106,7 @@ def main(argv=None) -> int:
     probe = load_probe()
     copy_rate = measure_ceilings()["copy_bytes_per_s"]
     print(f"{torch.cuda.get_device_name()}, copy {copy_rate / 1e12:.2f} TB/s")
-    print(f"{'shape':22s} {'splits':>6s} {'rel err':>9s} {'probe':>9s} {'pkg fp8':>9s} {'pkg bf16':>9s} "
+    print(f"{'shape':22s} {'splits':>6s} {'rel err':>9s} {'cyc/pair':>8s} {'probe':>9s} {'pkg fp8':>9s} {'pkg bf16':>9s} "
           f"{'probe/fp8':>9s} {'probe/bf16':>10s} {'fp8/bf16':>8s} {'probe/copy':>10s}")
     failed = False
     for name in args.shapes.split(","):
@@ -118,15 +119,19 @@ def main(argv=None) -> int:
         q, e4m3, slots = probe_inputs(heads, q_len, batch, keys, seed=1)
         out = torch.full((splits, batch * rows, 512), float("nan"), device="cuda")  # poisoned
         lse = torch.full((splits, batch * rows), float("nan"), device="cuda")
-        run = lambda: probe.run(q, e4m3.view(torch.uint8), slots, out, lse, sm_scale, KV_SCALE, rows, splits)  # noqa: E731
-        run()
+        no_cycles = torch.empty(0, device="cuda")
+        run = lambda: probe.run(q, e4m3.view(torch.uint8), slots, out, lse, no_cycles, sm_scale, KV_SCALE, rows,  # noqa: E731
+                                splits)
+        cycles = torch.zeros(splits, batch, device="cuda")
+        probe.run(q, e4m3.view(torch.uint8), slots, out, lse, cycles, sm_scale, KV_SCALE, rows, splits)
         torch.cuda.synchronize()
         ref = reference(q, e4m3, slots, rows, sm_scale)
         got = merge(out, lse)
         err = ((got - ref).norm() / ref.norm()).item()
         ok = math.isfinite(err) and err <= 2e-2
         failed |= not ok
-        print(f"{name:22s} {splits:6d} {err:9.2e}{'' if ok else '!'}", end="", flush=True)  # kept if the timing dies
+        print(f"{name:22s} {splits:6d} {err:9.2e}{'' if ok else '!'} {cycles.mean().item():7.0f}", end="",
+              flush=True)  # kept if the timing dies
         probe_s = time_graph([run])
         bf16, fp8 = package_launches(heads, q_len, batch, prefix)
         bf16_s, fp8_s = time_graph([bf16]), time_graph([fp8])

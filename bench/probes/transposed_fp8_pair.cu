@@ -87,6 +87,7 @@ struct Params {
   const int* slots;     // [batch, keys_per_request]
   float* out;           // [splits, batch * N, 512]
   float* lse;           // [splits, batch * N], base 2
+  float* pair_cycles;   // [splits, batch]: the CTA's clock cycles a pair (warpgroup 0's loop), or null
   int batch, keys_per_request, keys_per_split;
   float scale_log2;     // sm_scale * kv_scale * log2(e)
   float kv_scale;
@@ -256,6 +257,7 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
   const uint32_t p_mine = smem + T::kPOffset + w * T::kPBytes;
   const int pairs = p.keys_per_split / (2 * kKeys);
   cutlass::arch::ClusterBarrier::wait(&st.q_full, 0);
+  const long long loop_start = clock64();
 
   for (int pair = 0; pair < pairs; ++pair) {
     // S^T of tile 2 pair + w.
@@ -408,6 +410,10 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
     fence_o();
   }
 
+  if (p.pair_cycles != nullptr && w == 0 && t == 0) {
+    p.pair_cycles[blockIdx.y * p.batch + blockIdx.x] = float(clock64() - loop_start) / float(pairs);
+  }
+
   // Each row's sum over all lanes, warps and both warpgroups; the output scaled by kv_scale / sum.
   {
     float2 part[N / 8];
@@ -480,16 +486,20 @@ void launch(const Params& p, int splits, cudaStream_t stream) {
 }
 
 // out [splits, batch * rows, 512] fp32, lse [splits, batch * rows] (base 2).
+// pair_cycles: an empty tensor, or [splits, batch] float32 for each CTA's clock cycles a pair.
 void run(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& slots, torch::Tensor& out, torch::Tensor& lse,
-         double sm_scale, double kv_scale, int64_t rows, int64_t splits) {
+         torch::Tensor& pair_cycles, double sm_scale, double kv_scale, int64_t rows, int64_t splits) {
   TORCH_CHECK(q.dtype() == torch::kBFloat16 && q.is_contiguous() && q.size(-1) == kQkDim, "q: [batch * rows, 576] bf16");
   TORCH_CHECK(kv.element_size() == 1 && kv.is_contiguous() && kv.size(-1) == kRowBytes, "kv: [pool, 576] e4m3 bytes");
   TORCH_CHECK(slots.dtype() == torch::kInt32 && slots.dim() == 2 && slots.is_contiguous(), "slots: [batch, keys] int32");
   const int batch = int(slots.size(0)), keys = int(slots.size(1));
   TORCH_CHECK(keys % (splits * 2 * kKeys) == 0, "each split's keys: a multiple of 128");
   TORCH_CHECK(q.size(0) == batch * rows && out.size(0) == splits && out.size(1) == batch * rows && lse.numel() == splits * batch * rows);
+  TORCH_CHECK(pair_cycles.numel() == 0 || (pair_cycles.numel() == splits * batch && pair_cycles.dtype() == torch::kFloat32),
+              "pair_cycles: empty or [splits, batch] float32");
   Params p{reinterpret_cast<const Element*>(q.data_ptr()), reinterpret_cast<const uint8_t*>(kv.data_ptr()),
-           slots.data_ptr<int>(), out.data_ptr<float>(), lse.data_ptr<float>(), batch, keys, int(keys / splits),
+           slots.data_ptr<int>(), out.data_ptr<float>(), lse.data_ptr<float>(),
+           pair_cycles.numel() ? pair_cycles.data_ptr<float>() : nullptr, batch, keys, int(keys / splits),
            float(sm_scale * kv_scale * 1.4426950408889634), float(kv_scale)};
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   if (rows == 16) {
