@@ -37,6 +37,8 @@ using ddtree::sm90::exp2_approx;
 using ddtree::sm90::p_tile_byte_offset;
 using ddtree::sm90::pack_pair;
 using ddtree::sm90::k_load_byte;
+using ddtree::sm90::k_position_of;
+using ddtree::sm90::q_tile_byte_offset;
 using ddtree::sm90::probs_store_key;
 using ddtree::sm90::probs_store_row;
 using ddtree::sm90::stage_unit;
@@ -47,8 +49,9 @@ using Element = cutlass::bfloat16_t;
 constexpr int kKeys = 64, kRowBytes = 576, kStages = 3, kLatent = 512, kQkDim = 576, kChunks = 9;
 constexpr int kStageBytes = kKeys * kRowBytes;
 constexpr int kMmaThreads = 256;
-// Named barriers (0 is __syncthreads): both warpgroups' partial maxima or sums are in shared
-// memory; a warpgroup's new row state is; both P tiles are.
+// Named barriers (cutlass's NamedBarrier numbers them after the ids it reserves): both
+// warpgroups' partial maxima or sums are in shared memory; a warpgroup's new row state is; both
+// P tiles are.
 enum Barrier : uint32_t { kPartialsReady = 1, kRowState0 = 2, kProbsReady = 4 };
 
 template <int N>
@@ -198,18 +201,16 @@ __device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>:
   };
   issue_tile(0);
   if (tiles > 1) issue_tile(1);
-  // q, its columns permuted within each 64-column chunk (q_column_at): a thread's 8 bytes of
-  // columns 64 c + 16 qq + 4 s .. + 3 go to positions 16 s + 2 qq (+1) and 16 s + 8 + 2 qq (+1).
+  // q, its columns permuted within each 64-column chunk (k_position_of): a thread's 8 bytes of
+  // columns 64 c + 4 i .. + 3 (i < 16) go to two positions, a column pair each.
   {
     const Element* const q = p.q + int64_t(b) * N * kQkDim;
-    const typename T::SmemLayoutQ layout{};
     for (int idx = t; idx < N * kQkDim / 4; idx += 128) {
-      const int n = idx / (kQkDim / 4), group = idx % (kQkDim / 4);
-      const int c = group / 16, qq = (group % 16) / 4, s = group % 4;
+      const int n = idx / (kQkDim / 4), group = idx % (kQkDim / 4), c = group / 16, col = 4 * (group % 16);
       uint2 v;
       asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(q + n * kQkDim + 4 * group));
-      const uint32_t at0 = smem + 2 * uint32_t(layout(n, 64 * c + 16 * s + 2 * qq));
-      const uint32_t at1 = smem + 2 * uint32_t(layout(n, 64 * c + 16 * s + 8 + 2 * qq));
+      const uint32_t at0 = smem + q_tile_byte_offset(N, n, c, k_position_of(col));
+      const uint32_t at1 = smem + q_tile_byte_offset(N, n, c, k_position_of(col + 2));
       asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at0), "r"(v.x) : "memory");
       asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at1), "r"(v.y) : "memory");
     }
@@ -217,6 +218,7 @@ __device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>:
     cutlass::arch::ClusterBarrier::arrive(&st.q_full);
   }
   for (int tile = 2; tile < tiles; ++tile) issue_tile(tile);
+  asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives its thread
 }
 
 template <int N>
@@ -494,6 +496,8 @@ void run(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& s
   TORCH_CHECK(slots.dtype() == torch::kInt32 && slots.dim() == 2 && slots.is_contiguous(), "slots: [batch, keys] int32");
   const int batch = int(slots.size(0)), keys = int(slots.size(1));
   TORCH_CHECK(keys % (splits * 2 * kKeys) == 0, "each split's keys: a multiple of 128");
+  TORCH_CHECK(out.dtype() == torch::kFloat32 && out.is_contiguous() && out.size(2) == kLatent, "out: [splits, batch * rows, 512] fp32");
+  TORCH_CHECK(lse.dtype() == torch::kFloat32 && lse.is_contiguous(), "lse: [splits, batch * rows] fp32");
   TORCH_CHECK(q.size(0) == batch * rows && out.size(0) == splits && out.size(1) == batch * rows && lse.numel() == splits * batch * rows);
   TORCH_CHECK(pair_cycles.numel() == 0 || (pair_cycles.numel() == splits * batch && pair_cycles.dtype() == torch::kFloat32),
               "pair_cycles: empty or [splits, batch] float32");

@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "traits.cuh"  // p_tile_byte_offset
+
 namespace ddtree::sm90 {
 
 // S^T: the byte (column within a 64-column chunk of the key row) that register p of k-step s of
@@ -41,6 +43,12 @@ __host__ __device__ constexpr int v_output_column(int bm, int w, int r, int i) {
 // e4m3x2_bits_to: the other two bytes are masked off there). Register p of m-block bm takes
 // byte b = (2 bm + p % 2) % 4 of the words of keys 2 q + 8 (p / 2) and the next.
 __host__ __device__ constexpr uint32_t v_pair_selector(int b) { return uint32_t(b << 4 | (4 + b) << 12); }
+
+// q in shared memory (rows x 576, K-major, 128-byte swizzle: S^T's B operand): the byte of row n,
+// k position `position` of chunk c. A chunk is rows / 8 atoms of 1 KB, laid out as a P tile.
+__host__ __device__ inline uint32_t q_tile_byte_offset(int rows, int n, int c, int position) {
+  return uint32_t(c * rows * 128) + p_tile_byte_offset(n, position);
+}
 
 // The e4m3 stage: row-major, 64 keys x 576 bytes. The 16-byte unit u < 32 (the latent) of key k
 // sits at unit u ^ 2 ((k >> 1) & 3), so that O^T's 8-byte loads of V (a half-warp reads four keys

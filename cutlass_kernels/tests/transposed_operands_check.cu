@@ -18,6 +18,9 @@
 // 7. stmatrix.trans with the probs_store_row / probs_store_key addresses (the PTX semantics
 //    emulated: element (i, j) of a lane-fragment matrix lands in memory row j at column i) puts S^T's
 //    value of (key, row) at P's (row, key) (traits.cuh's p_tile_byte_offset), each once.
+// 8. q_tile_byte_offset is the address CuTe's q tile (the S^T B operand's layout, on a 1 KB-aligned
+//    buffer) gives each (row, column) at N = 16, 32, 64: the swizzle acts on bytes, so a bare
+//    layout(n, col) (element offsets) is not it.
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -127,6 +130,19 @@ void check_stage(Report& report) {
   }
 }
 
+template <int N, class Report>
+void check_q_tile(Report& report) {
+  alignas(1024) static Bf16 buffer[64 * 576];
+  using Layout = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Bf16>{}, Shape<Int<N>, Int<576>>{}));
+  Tensor q = make_tensor(make_smem_ptr(buffer), Layout{});
+  for (int n = 0; n < N; ++n) {
+    for (int col = 0; col < 576; ++col) {
+      const long at = reinterpret_cast<const char*>(raw_pointer_cast(&q(n, col))) - reinterpret_cast<const char*>(buffer);
+      if (at != long(q_tile_byte_offset(N, n, col / 64, col % 64))) report("8 q tile address", n, col);
+    }
+  }
+}
+
 int main() {
   int failures = 0;
   auto report = [&](const char* what, int t, int i) {
@@ -176,6 +192,9 @@ int main() {
   check_probs_store<32>(report);
   check_probs_store<64>(report);
   check_stage(report);
+  check_q_tile<16>(report);
+  check_q_tile<32>(report);
+  check_q_tile<64>(report);
   std::printf("%s (%d failures)\n", failures ? "FAILED" : "all transposed operand checks passed", failures);
   return failures ? 1 : 0;
 }
