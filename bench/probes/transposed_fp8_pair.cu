@@ -13,7 +13,8 @@
 // Warpgroups 0 and 1 take the tiles of a pair (2 i + w) and each owns 256 output columns; both
 // run the softmax of a pair at the same time (three named barriers a pair): the simple schedule,
 // so what it measures is an upper bound of the design's pair. Warpgroup 2 gathers 64-key tiles
-// of 576-byte rows by slot with cp.async into three stages (36 KB each, beside q's 72 KB at N = 64).
+// of 576-byte rows by slot with cp.async into 36 KB stages, as many as fit beside q (5, 4, 3 at
+// N = 16, 32, 64).
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -46,7 +47,7 @@ using ddtree::sm90::v_load_column;
 using ddtree::sm90::v_pair_selector;
 using Element = cutlass::bfloat16_t;
 
-constexpr int kKeys = 64, kRowBytes = 576, kStages = 3, kLatent = 512, kQkDim = 576, kChunks = 9;
+constexpr int kKeys = 64, kRowBytes = 576, kLatent = 512, kQkDim = 576, kChunks = 9;
 constexpr int kStageBytes = kKeys * kRowBytes;
 constexpr int kMmaThreads = 256;
 // Named barriers (cutlass's NamedBarrier numbers them after the ids it reserves): both
@@ -70,6 +71,9 @@ struct Traits {
   // wgmma pipeline is serialised (C7512) beside O^T's 128 accumulator registers.
   static constexpr int kSplit = N == 64 ? 2 : 1, kSteps = 4 / kSplit, kBlocks = 4 / kSplit;
   static constexpr int kQBytes = N * kQkDim * 2;
+  // e4m3 stages: as many as fit beside q (a tile's 36 KB is ~1.4 us of an SM's share of the
+  // bandwidth, about one memory latency: three stages keep only ~1.5 tiles in flight).
+  static constexpr int kStages = N == 16 ? 5 : N == 32 ? 4 : 3;
   static constexpr int kStagesOffset = kQBytes;
   static constexpr int kPOffset = kStagesOffset + kStages * kStageBytes;  // P0, then P1
   static constexpr int kPBytes = N * kKeys * 2;
@@ -178,8 +182,8 @@ __device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>:
   const int* const slots = p.slots + int64_t(b) * p.keys_per_request + int64_t(split) * p.keys_per_split;
   const int tiles = p.keys_per_split / kKeys;
   auto issue_tile = [&](int tile) {
-    const int stage = tile % kStages;
-    if (tile >= kStages) cutlass::arch::ClusterBarrier::wait(&st.empty[stage], (tile / kStages - 1) & 1);
+    const int stage = tile % T::kStages;
+    if (tile >= T::kStages) cutlass::arch::ClusterBarrier::wait(&st.empty[stage], (tile / T::kStages - 1) & 1);
     const uint32_t dst = smem + T::kStagesOffset + stage * kStageBytes;
     const int* const keys = slots + tile * kKeys;
 #pragma unroll 1
@@ -264,8 +268,8 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
   for (int pair = 0; pair < pairs; ++pair) {
     // S^T of tile 2 pair + w.
     const int my_tile = 2 * pair + w;
-    const uint32_t my_stage = smem + T::kStagesOffset + (my_tile % kStages) * kStageBytes;
-    cutlass::arch::ClusterBarrier::wait(&st.full[my_tile % kStages], (my_tile / kStages) & 1);
+    const uint32_t my_stage = smem + T::kStagesOffset + (my_tile % T::kStages) * kStageBytes;
+    cutlass::arch::ClusterBarrier::wait(&st.full[my_tile % T::kStages], (my_tile / T::kStages) & 1);
     constexpr int kSteps = T::kSteps, kGroups = kChunks * T::kSplit;
     // Group G: chunk G / kSplit, its words (k-steps) kSteps (G % kSplit) on.
     auto load_k = [&](int group, uint32_t (&words)[2][kSteps]) {
@@ -373,7 +377,7 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
       constexpr int t2 = decltype(t2_)::value;
       constexpr int kBlocks = T::kBlocks, kWords = kBlocks / 2;
       const int tile = 2 * pair + t2;
-      const uint32_t stage = smem + T::kStagesOffset + (tile % kStages) * kStageBytes;
+      const uint32_t stage = smem + T::kStagesOffset + (tile % T::kStages) * kStageBytes;
       const uint32_t v_col = v_load_column(w, warp, g, q);
       auto& p_desc = t2 == 0 ? p_desc0 : p_desc1;
       // Group (k-step s, m-half mh): kBlocks m-blocks from mh kBlocks on.
@@ -404,7 +408,7 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
         warpgroup_commit_batch();
       });
       // The tile's bytes are in registers: its stage goes back to the gather.
-      cutlass::arch::ClusterBarrier::arrive(&st.empty[tile % kStages]);
+      cutlass::arch::ClusterBarrier::arrive(&st.empty[tile % T::kStages]);
     });
     // Waited here, not under the next S^T's first group: ptxas serialises every wgmma of the
     // loop (C7514) when O^T's last group stays in flight into the next pair.
@@ -461,7 +465,7 @@ __global__ void __launch_bounds__(384, 1) transposed_pair_kernel(const __grid_co
   const uint32_t smem = (raw + 1023u) & ~1023u;  // the 128-byte swizzle wants 1 KB alignment
   auto& st = *reinterpret_cast<typename T::State*>(smem_raw + (smem - raw) + T::kStateOffset);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < T::kStages; ++s) {
       cutlass::arch::ClusterBarrier::init(&st.full[s], 128);
       cutlass::arch::ClusterBarrier::init(&st.empty[s], kMmaThreads);
     }
