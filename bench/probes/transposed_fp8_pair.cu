@@ -28,23 +28,12 @@
 #include "sm90/fp8_tile.cuh"            // e4m3x2_bits_to
 #include "sm90/numeric.cuh"             // exp2_approx, pack_pair
 #include "sm90/traits.cuh"              // p_tile_byte_offset
-#include "sm90/transposed_operands.cuh" // q_column_at, v_pair_selector
+#include "sm90/transposed_operands.cuh" // the operands' layouts and addresses
 
 namespace transposed_probe {
 
 using namespace cute;
-using ddtree::sm90::e4m3x2_bits_to;
-using ddtree::sm90::exp2_approx;
-using ddtree::sm90::p_tile_byte_offset;
-using ddtree::sm90::pack_pair;
-using ddtree::sm90::k_load_byte;
-using ddtree::sm90::k_position_of;
-using ddtree::sm90::q_tile_byte_offset;
-using ddtree::sm90::probs_store_key;
-using ddtree::sm90::probs_store_row;
-using ddtree::sm90::stage_unit;
-using ddtree::sm90::v_load_column;
-using ddtree::sm90::v_pair_selector;
+using namespace ddtree::sm90;  // the layouts of transposed_operands.cuh, e4m3x2_bits_to, exp2_approx, ...
 using Element = cutlass::bfloat16_t;
 
 constexpr int kKeys = 64, kRowBytes = 576, kLatent = 512, kQkDim = 576, kChunks = 9;
@@ -193,13 +182,13 @@ __device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>:
       CUTE_UNROLL
       for (int g = 0; g < 4; ++g) {
         const int unit = 8 * g + lane % 8;
-        ddtree::sm90::cp_async_16(dst + key * kRowBytes + 16 * stage_unit(key, unit), src + 16 * unit, true);
+        cp_async_16(dst + key * kRowBytes + 16 * stage_unit(key, unit), src + 16 * unit, true);
       }
     }
 #pragma unroll 1
     for (int h = 0; h < 2; ++h) {  // the rope's four units, eight keys a warp instruction
       const int key = 16 * warp + 8 * h + lane / 4, unit = 32 + lane % 4;
-      ddtree::sm90::cp_async_16(dst + key * kRowBytes + 16 * unit, p.kv + int64_t(keys[key]) * kRowBytes + 16 * unit, true);
+      cp_async_16(dst + key * kRowBytes + 16 * unit, p.kv + int64_t(keys[key]) * kRowBytes + 16 * unit, true);
     }
     cutlass::arch::cpasync_barrier_arrive_noinc(&st.full[stage]);
   };
