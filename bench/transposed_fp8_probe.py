@@ -9,7 +9,9 @@ cached keys each. The probe sees every key (no tree mask) and splits each reques
 package's columns are the attention alone over a prepared step (bench.verify's `--no-prep`
 column: the split kernel and its merge), on the same shape with q drafts (p + q keys).
 Printed per shape: the probe's relative error (fp32 reference on the dequantised cache) and its
-ranges' largest log-sum-exp error (base 2), its CTAs' mean clock cycles a pair (one untimed run), then
+ranges' largest log-sum-exp error (base 2), its CTAs' mean clock cycles a pair and, of those, the
+waits of warpgroup 0 for a tile to land, at the softmax's named barriers and for its GEMMs to
+retire (one untimed run), then
 times (CUDA-graph replays), the ratios probe / package FP8 and probe / package bf16 — the
 FP8 target is <= 0.6x bf16 on these memory-bound shapes (issue 17) — and the probe's bytes (e4m3
 rows, slot ids, q, its fp32 partial outputs) per second as a fraction of the device's copy rate
@@ -113,7 +115,8 @@ def main(argv=None) -> int:
     probe = load_probe()
     copy_rate = measure_ceilings()["copy_bytes_per_s"]
     print(f"{torch.cuda.get_device_name()}, copy {copy_rate / 1e12:.2f} TB/s")
-    print(f"{'shape':22s} {'splits':>6s} {'rel err':>9s} {'lse err':>8s} {'cyc/pair':>8s} {'probe':>9s} {'pkg fp8':>9s} {'pkg bf16':>9s} "
+    print(f"{'shape':22s} {'splits':>6s} {'rel err':>9s} {'lse err':>8s} {'cyc/pair':>8s} {'land':>6s} {'barr':>6s} "
+          f"{'gemm':>6s} {'probe':>9s} {'pkg fp8':>9s} {'pkg bf16':>9s} "
           f"{'probe/fp8':>9s} {'probe/bf16':>10s} {'fp8/bf16':>8s} {'probe/copy':>10s}")
     failed = False
     for name in args.shapes.split(","):
@@ -129,7 +132,7 @@ def main(argv=None) -> int:
         no_cycles = torch.empty(0, device="cuda")
         run = lambda: probe.run(q, e4m3.view(torch.uint8), slots, out, lse, no_cycles, sm_scale, KV_SCALE, rows,  # noqa: E731
                                 splits)
-        cycles = torch.zeros(splits, batch, device="cuda")
+        cycles = torch.zeros(splits, batch, 4, device="cuda")  # pair, land wait, barrier wait, GEMM wait
         probe.run(q, e4m3.view(torch.uint8), slots, out, lse, cycles, sm_scale, KV_SCALE, rows, splits)
         torch.cuda.synchronize()
         ref, ref_lse = reference(q, e4m3, slots, rows, sm_scale, splits)
@@ -138,8 +141,9 @@ def main(argv=None) -> int:
         lse_err = (lse - ref_lse).abs().max().item()
         ok = math.isfinite(err) and err <= 2e-2 and math.isfinite(lse_err) and lse_err <= LSE_TOLERANCE
         failed |= not ok
-        print(f"{name:22s} {splits:6d} {err:9.2e} {lse_err:8.1e}{'' if ok else '!'} {cycles.mean().item():8.0f}", end="",
-              flush=True)  # kept if the timing dies
+        pair, land, barrier, gemm = cycles.view(-1, 4).mean(0).tolist()
+        print(f"{name:22s} {splits:6d} {err:9.2e} {lse_err:8.1e}{'' if ok else '!'} {pair:8.0f} {land:6.0f} {barrier:6.0f} "
+              f"{gemm:6.0f}", end="", flush=True)  # kept if the timing dies
         probe_s = time_graph([run])
         bf16, fp8 = package_launches(heads, q_len, batch, prefix)
         bf16_s, fp8_s = time_graph([bf16]), time_graph([fp8])

@@ -37,6 +37,10 @@ using namespace ddtree::sm90;  // the layouts of transposed_operands.cuh, e4m3x2
 using Element = cutlass::bfloat16_t;
 
 constexpr int kKeys = 64, kRowBytes = 576, kLatent = 512, kQkDim = 576, kChunks = 9;
+// Where a pair's cycles go (warpgroup 0's thread 0, means over the pairs): the whole pair, then
+// its waits for a tile to land, at the named barriers (the other warpgroup, the softmax's
+// exchanges) and for its GEMMs to retire (S^T's at its end, O^T's at the pair's end).
+enum ClockKind { kPairClock, kLandWait, kBarrierWait, kGemmWait, kClockKinds };
 constexpr int kStageBytes = kKeys * kRowBytes;
 constexpr int kMmaThreads = 256;
 // Named barriers (cutlass's NamedBarrier numbers them after the ids it reserves): both
@@ -83,7 +87,7 @@ struct Params {
   const int* slots;     // [batch, keys_per_request]
   float* out;           // [splits, batch * N, 512]
   float* lse;           // [splits, batch * N], base 2
-  float* pair_cycles;   // [splits, batch]: the CTA's clock cycles a pair (warpgroup 0's loop), or null
+  float* pair_cycles;   // [splits, batch, kClockKinds]: warpgroup 0's thread 0's cycles a pair, or null
   int batch, keys_per_request, keys_per_split;
   float scale_log2;     // sm_scale * kv_scale * log2(e)
   float kv_scale;
@@ -252,13 +256,20 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
   const uint32_t p_mine = smem + T::kPOffset + w * T::kPBytes;
   const int pairs = p.keys_per_split / (2 * kKeys);
   cutlass::arch::ClusterBarrier::wait(&st.q_full, 0);
+  long long clocks[kClockKinds] = {};
   const long long loop_start = clock64();
+  // Runs f, its cycles added to clocks[kind].
+  auto timed = [&](ClockKind kind, auto&& f) {
+    const long long start = clock64();
+    f();
+    clocks[kind] += clock64() - start;
+  };
 
   for (int pair = 0; pair < pairs; ++pair) {
     // S^T of tile 2 pair + w.
     const int my_tile = 2 * pair + w;
     const uint32_t my_stage = smem + T::kStagesOffset + (my_tile % T::kStages) * kStageBytes;
-    cutlass::arch::ClusterBarrier::wait(&st.full[my_tile % T::kStages], (my_tile / T::kStages) & 1);
+    timed(kLandWait, [&] { cutlass::arch::ClusterBarrier::wait(&st.full[my_tile % T::kStages], (my_tile / T::kStages) & 1); });
     constexpr int kSteps = T::kSteps, kGroups = kChunks * T::kSplit;
     // Group G: chunk G / kSplit, its words (k-steps) kSteps (G % kSplit) on.
     auto load_k = [&](int group, uint32_t (&words)[2][kSteps]) {
@@ -287,7 +298,7 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
       }
       warpgroup_commit_batch();
     });
-    warpgroup_wait<0>();
+    timed(kGemmWait, [] { warpgroup_wait<0>(); });
     warpgroup_fence_operand(acc_s);
     fence_o();
     warpgroup_fence_operand(a0);
@@ -304,7 +315,7 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
       const float2 warp_max = reduce_scatter_blocks(part, lane, Max2{});
       if (g < N / 8) *reinterpret_cast<float2*>(&st.partial[w][warp][8 * g + 2 * q]) = warp_max;
     }
-    NamedBarrier::sync(kMmaThreads, kPartialsReady);
+    timed(kBarrierWait, [] { NamedBarrier::sync(kMmaThreads, kPartialsReady); });
     if (t < N) {
       float tile_max = st.partial[0][0][t];
       CUTE_UNROLL
@@ -313,7 +324,7 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
       st.row_scale[w][t] = exp2_approx(old_max - new_max);
       st.row_max[w][t] = new_max;
     }
-    NamedBarrier::sync(128, kRowState0 + w);
+    timed(kBarrierWait, [&] { NamedBarrier::sync(128, kRowState0 + w); });
     CUTE_UNROLL
     for (int j = 0; j < N / 8; ++j) {
       const float2 m = *reinterpret_cast<const float2*>(&st.row_max[w][8 * j + 2 * q]);
@@ -357,7 +368,7 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
                    : "memory");
     }
     cutlass::arch::fence_view_async_shared();
-    NamedBarrier::sync(kMmaThreads, kProbsReady);
+    timed(kBarrierWait, [] { NamedBarrier::sync(kMmaThreads, kProbsReady); });
 
     // O^T += V^T P^T over both tiles, this warpgroup's 256 columns.
     mma.accumulate_ = GMMA::ScaleOut::One;
@@ -401,12 +412,16 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
     });
     // Waited here, not under the next S^T's first group: ptxas serialises every wgmma of the
     // loop (C7514) when O^T's last group stays in flight into the next pair.
-    warpgroup_wait<0>();
+    timed(kGemmWait, [] { warpgroup_wait<0>(); });
     fence_o();
   }
 
+  clocks[kPairClock] = clock64() - loop_start;
   if (p.pair_cycles != nullptr && w == 0 && t == 0) {
-    p.pair_cycles[blockIdx.y * p.batch + blockIdx.x] = float(clock64() - loop_start) / float(pairs);
+    CUTE_UNROLL
+    for (int k = 0; k < kClockKinds; ++k) {
+      p.pair_cycles[(int64_t(blockIdx.y) * p.batch + blockIdx.x) * kClockKinds + k] = float(clocks[k]) / float(pairs);
+    }
   }
 
   // Each row's sum over all lanes, warps and both warpgroups; the output scaled by kv_scale / sum.
@@ -481,7 +496,7 @@ void launch(const Params& p, int splits, cudaStream_t stream) {
 }
 
 // out [splits, batch * rows, 512] fp32, lse [splits, batch * rows] (base 2).
-// pair_cycles: an empty tensor, or [splits, batch] float32 for each CTA's clock cycles a pair.
+// pair_cycles: an empty tensor, or [splits, batch, 4] float32: each CTA's cycles a pair (ClockKind).
 void run(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& slots, torch::Tensor& out, torch::Tensor& lse,
          torch::Tensor& pair_cycles, double sm_scale, double kv_scale, int64_t rows, int64_t splits) {
   TORCH_CHECK(q.dtype() == torch::kBFloat16 && q.is_contiguous() && q.size(-1) == kQkDim, "q: [batch * rows, 576] bf16");
@@ -492,8 +507,9 @@ void run(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& s
   TORCH_CHECK(out.dtype() == torch::kFloat32 && out.is_contiguous() && out.size(2) == kLatent, "out: [splits, batch * rows, 512] fp32");
   TORCH_CHECK(lse.dtype() == torch::kFloat32 && lse.is_contiguous(), "lse: [splits, batch * rows] fp32");
   TORCH_CHECK(q.size(0) == batch * rows && out.size(0) == splits && out.size(1) == batch * rows && lse.numel() == splits * batch * rows);
-  TORCH_CHECK(pair_cycles.numel() == 0 || (pair_cycles.numel() == splits * batch && pair_cycles.dtype() == torch::kFloat32),
-              "pair_cycles: empty or [splits, batch] float32");
+  TORCH_CHECK(pair_cycles.numel() == 0 || (pair_cycles.numel() == splits * batch * kClockKinds &&
+                                            pair_cycles.dtype() == torch::kFloat32 && pair_cycles.is_contiguous()),
+              "pair_cycles: empty or [splits, batch, 4] float32");
   Params p{reinterpret_cast<const Element*>(q.data_ptr()), reinterpret_cast<const uint8_t*>(kv.data_ptr()),
            slots.data_ptr<int>(), out.data_ptr<float>(), lse.data_ptr<float>(),
            pair_cycles.numel() ? pair_cycles.data_ptr<float>() : nullptr, batch, keys, int(keys / splits),
