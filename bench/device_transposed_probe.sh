@@ -37,5 +37,7 @@ echo "probe built at $SECONDS s"
 # shellcheck disable=SC2086  # PROBE_ARGS: arguments, split at spaces
 in_probe_tree timeout "${PROBE_TIMEOUT:-180}" python3 -m bench.transposed_fp8_probe ${PROBE_ARGS:-} 2>&1 | grep -v DEBUG | tee "$OUT/probe.txt"
 echo "probed at $SECONDS s"
-# shellcheck disable=SC2086  # AB_TREES: tree names, split at spaces
-[ -n "${AB_TREES:-}" ] && bash bench/device_ab.sh $AB_TREES
+if [ -n "${AB_TREES:-}" ]; then
+  # shellcheck disable=SC2086  # AB_TREES: tree names, split at spaces
+  bash bench/device_ab.sh $AB_TREES
+fi
