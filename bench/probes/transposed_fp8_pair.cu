@@ -13,7 +13,7 @@
 // Warpgroups 0 and 1 take the tiles of a pair (2 i + w) and each owns 256 output columns; both
 // run the softmax of a pair at the same time (three named barriers a pair): the simple schedule,
 // so what it measures is an upper bound of the design's pair. Warpgroup 2 gathers 64-key tiles
-// of 576-byte rows by slot with cp.async into 36 KB stages, as many as fit beside q (5, 4, 3 at
+// of 576-byte rows by slot with cp.async into 36 KB stages, as many as fit beside q (5, 5, 3 at
 // N = 16, 32, 64).
 #include <torch/extension.h>
 #include <c10/cuda/CUDAStream.h>
@@ -66,7 +66,7 @@ struct Traits {
   static constexpr int kQBytes = N * kQkDim * 2;
   // e4m3 stages: as many as fit beside q (a tile's 36 KB is ~1.4 us of an SM's share of the
   // bandwidth, about one memory latency: three stages keep only ~1.5 tiles in flight).
-  static constexpr int kStages = N == 16 ? 5 : N == 32 ? 4 : 3;
+  static constexpr int kStages = N == 64 ? 3 : 5;
   static constexpr int kStagesOffset = kQBytes;
   static constexpr int kPOffset = kStagesOffset + kStages * kStageBytes;  // P0, then P1
   static constexpr int kPBytes = N * kKeys * 2;
