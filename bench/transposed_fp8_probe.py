@@ -3,8 +3,9 @@ reference and beside the package's bf16 and FP8 kernels on the same shapes, in o
 
   python3 -m bench.transposed_fp8_probe [--shapes H16_n1_B32_P8192,...] [--splits 4]   (on the GPU machine)
 
-A shape H16_n{q}_B{b}_P{p} is b requests of 16 q rows (one CTA's N = 16 q: 16, 32 or 64) over p
-cached keys each. The probe sees every key (no tree mask) and splits each request's keys into
+A shape H{h}_n{q}_B{b}_P{p} is b requests of h q rows over p cached keys each; a CTA takes N = h q
+rows of a request up to 64 (16, 32 at H = 16 with q_len 1, 2), blocks of 64 beyond (the H = 128
+shapes: the compute-bound side, where issue 17 asks for no slower than bf16). The probe sees every key (no tree mask) and splits each request's keys into
 `splits` equal ranges, one CTA each; its partial outputs are merged here (not timed). The
 package's columns are the attention alone over a prepared step (bench.verify's `--no-prep`
 column: the split kernel and its merge), on the same shape with q drafts (p + q keys).
@@ -34,7 +35,7 @@ KV_SCALE = 0.05
 # sm_scale 576^-0.5), so that the softmax is far from uniform and a wrong logit shows in the output.
 Q_SCALE = 8.0
 LSE_TOLERANCE = 0.05  # base 2: the probe's per-range log-sum-exp against the reference's
-SHAPES = "H16_n1_B32_P8192,H16_n2_B32_P8192,H16_n4_B32_P8192,H16_n4_B8_P8192"
+SHAPES = "H16_n1_B32_P8192,H16_n2_B32_P8192,H16_n4_B32_P8192,H16_n4_B8_P8192,H128_n1_B8_P8192,H128_n4_B8_P8192"
 
 
 def load_probe():
@@ -122,7 +123,8 @@ def main(argv=None) -> int:
     for name in args.shapes.split(","):
         heads, q_len, batch, prefix = parse_shape(name)
         rows, keys = heads * q_len, prefix
-        splits = max(1, 132 // batch) if args.splits == "auto" else int(args.splits)
+        blocks = rows // min(rows, 64)
+        splits = max(1, 132 // (batch * blocks)) if args.splits == "auto" else int(args.splits)
         while keys % (splits * 128):
             splits -= 1
         sm_scale = 576 ** -0.5
@@ -132,7 +134,7 @@ def main(argv=None) -> int:
         no_cycles = torch.empty(0, device="cuda")
         run = lambda: probe.run(q, e4m3.view(torch.uint8), slots, out, lse, no_cycles, sm_scale, KV_SCALE, rows,  # noqa: E731
                                 splits)
-        cycles = torch.zeros(splits, batch, 4, device="cuda")  # pair, land wait, barrier wait, GEMM wait
+        cycles = torch.zeros(splits, batch * blocks, 4, device="cuda")  # pair, land wait, barrier wait, GEMM wait
         probe.run(q, e4m3.view(torch.uint8), slots, out, lse, cycles, sm_scale, KV_SCALE, rows, splits)
         torch.cuda.synchronize()
         ref, ref_lse = reference(q, e4m3, slots, rows, sm_scale, splits)

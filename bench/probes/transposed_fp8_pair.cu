@@ -4,8 +4,8 @@
 //   S^T = K Q^T   (M = 64 keys, N = the request's rows, over 576 columns),
 //   O^T = V^T P^T (M = a warpgroup's 256 output columns in four m-blocks, N = the rows, over keys),
 // with the operand permutations of cutlass_kernels/sm90/transposed_operands.cuh.
-// One CTA takes one request's N rows (N = 16, 32, 64: H = 16 with q_len 1, 2, 4) over one
-// contiguous range of its keys, every key visible (no tree mask, no split planning), the range a
+// One CTA takes N rows of one request (N = 16, 32, 64: all of H = 16's rows at q_len 1, 2, 4; a
+// block of 64 of a request's H q_len rows beyond that) over one contiguous range of its keys, every key visible (no tree mask, no split planning), the range a
 // multiple of 128 keys, and writes the range's normalised output (fp32) and each row's base-2
 // log-sum-exp; the caller merges the ranges. bench/transposed_fp8_probe.py builds it as a torch
 // extension, checks it against a float32 reference and times it beside the package's kernels.
@@ -82,13 +82,13 @@ struct Traits {
 };
 
 struct Params {
-  const Element* q;     // [batch * N, 576]
+  const Element* q;     // [batch * rows, 576]: a request's rows, in blocks_per_request blocks of N
   const uint8_t* kv;    // [pool, 576] e4m3
   const int* slots;     // [batch, keys_per_request]
-  float* out;           // [splits, batch * N, 512]
-  float* lse;           // [splits, batch * N], base 2
-  float* pair_cycles;   // [splits, batch, kClockKinds]: warpgroup 0's thread 0's cycles a pair, or null
-  int batch, keys_per_request, keys_per_split;
+  float* out;           // [splits, batch * rows, 512]
+  float* lse;           // [splits, batch * rows], base 2
+  float* pair_cycles;   // [splits, CTAs in x, kClockKinds]: warpgroup 0's thread 0's cycles a pair, or null
+  int blocks_per_request, keys_per_request, keys_per_split;
   float scale_log2;     // sm_scale * kv_scale * log2(e)
   float kv_scale;
 };
@@ -171,8 +171,8 @@ struct Sum2 {
 template <int N>
 __device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>::State& st, uint32_t smem, int t) {
   using T = Traits<N>;
-  const int lane = t % 32, warp = t / 32, b = blockIdx.x, split = blockIdx.y;
-  const int* const slots = p.slots + int64_t(b) * p.keys_per_request + int64_t(split) * p.keys_per_split;
+  const int lane = t % 32, warp = t / 32, request = blockIdx.x / p.blocks_per_request, split = blockIdx.y;
+  const int* const slots = p.slots + int64_t(request) * p.keys_per_request + int64_t(split) * p.keys_per_split;
   const int tiles = p.keys_per_split / kKeys;
   auto issue_tile = [&](int tile) {
     const int stage = tile % T::kStages;
@@ -201,7 +201,7 @@ __device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>:
   // q, its columns permuted within each 64-column chunk (k_position_of): a thread's 8 bytes of
   // columns 64 c + 4 i .. + 3 (i < 16) go to two positions, a column pair each.
   {
-    const Element* const q = p.q + int64_t(b) * N * kQkDim;
+    const Element* const q = p.q + int64_t(blockIdx.x) * N * kQkDim;  // the block's rows
     for (int idx = t; idx < N * kQkDim / 4; idx += 128) {
       const int n = idx / (kQkDim / 4), group = idx % (kQkDim / 4), c = group / 16, col = 4 * (group % 16);
       uint2 v;
@@ -420,7 +420,7 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
   if (p.pair_cycles != nullptr && w == 0 && t == 0) {
     CUTE_UNROLL
     for (int k = 0; k < kClockKinds; ++k) {
-      p.pair_cycles[(int64_t(blockIdx.y) * p.batch + blockIdx.x) * kClockKinds + k] = float(clocks[k]) / float(pairs);
+      p.pair_cycles[(int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * kClockKinds + k] = float(clocks[k]) / float(pairs);
     }
   }
 
@@ -433,7 +433,7 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
     if (g < N / 8) *reinterpret_cast<float2*>(&st.partial[w][warp][8 * g + 2 * q]) = warp_sum;
   }
   NamedBarrier::sync(kMmaThreads, kPartialsReady);
-  const int64_t row_base = (int64_t(blockIdx.y) * p.batch + blockIdx.x) * N;
+  const int64_t row_base = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * N;
   if (t < N) {
     float sum = 0.f;
     CUTE_UNROLL
@@ -488,15 +488,16 @@ __global__ void __launch_bounds__(384, 1) transposed_pair_kernel(const __grid_co
 }
 
 template <int N>
-void launch(const Params& p, int splits, cudaStream_t stream) {
+void launch(const Params& p, int ctas, int splits, cudaStream_t stream) {
   const int bytes = Traits<N>::kSmemBytes + 1024;
   TORCH_CHECK(cudaFuncSetAttribute(transposed_pair_kernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess);
-  transposed_pair_kernel<N><<<dim3(p.batch, splits), 384, bytes, stream>>>(p);
+  transposed_pair_kernel<N><<<dim3(ctas, splits), 384, bytes, stream>>>(p);
   TORCH_CHECK(cudaGetLastError() == cudaSuccess, "transposed_pair_kernel launch");
 }
 
-// out [splits, batch * rows, 512] fp32, lse [splits, batch * rows] (base 2).
-// pair_cycles: an empty tensor, or [splits, batch, 4] float32: each CTA's cycles a pair (ClockKind).
+// rows: a request's rows (16, 32, or a multiple of 64). out [splits, batch * rows, 512] fp32, lse
+// [splits, batch * rows] (base 2). pair_cycles: an empty tensor, or [splits, batch * blocks, 4]
+// float32 (blocks: rows / 64, or 1): each CTA's cycles a pair (ClockKind).
 void run(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& slots, torch::Tensor& out, torch::Tensor& lse,
          torch::Tensor& pair_cycles, double sm_scale, double kv_scale, int64_t rows, int64_t splits) {
   TORCH_CHECK(q.dtype() == torch::kBFloat16 && q.is_contiguous() && q.size(-1) == kQkDim, "q: [batch * rows, 576] bf16");
@@ -507,21 +508,22 @@ void run(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& s
   TORCH_CHECK(out.dtype() == torch::kFloat32 && out.is_contiguous() && out.size(2) == kLatent, "out: [splits, batch * rows, 512] fp32");
   TORCH_CHECK(lse.dtype() == torch::kFloat32 && lse.is_contiguous(), "lse: [splits, batch * rows] fp32");
   TORCH_CHECK(q.size(0) == batch * rows && out.size(0) == splits && out.size(1) == batch * rows && lse.numel() == splits * batch * rows);
-  TORCH_CHECK(pair_cycles.numel() == 0 || (pair_cycles.numel() == splits * batch * kClockKinds &&
+  TORCH_CHECK(rows == 16 || rows == 32 || rows % 64 == 0, "rows: 16, 32 or a multiple of 64");
+  const int n = rows < 64 ? int(rows) : 64, blocks = int(rows / n);
+  TORCH_CHECK(pair_cycles.numel() == 0 || (pair_cycles.numel() == splits * batch * blocks * kClockKinds &&
                                             pair_cycles.dtype() == torch::kFloat32 && pair_cycles.is_contiguous()),
-              "pair_cycles: empty or [splits, batch, 4] float32");
+              "pair_cycles: empty or [splits, batch * blocks, 4] float32");
   Params p{reinterpret_cast<const Element*>(q.data_ptr()), reinterpret_cast<const uint8_t*>(kv.data_ptr()),
            slots.data_ptr<int>(), out.data_ptr<float>(), lse.data_ptr<float>(),
-           pair_cycles.numel() ? pair_cycles.data_ptr<float>() : nullptr, batch, keys, int(keys / splits),
+           pair_cycles.numel() ? pair_cycles.data_ptr<float>() : nullptr, blocks, keys, int(keys / splits),
            float(sm_scale * kv_scale * 1.4426950408889634), float(kv_scale)};
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  if (rows == 16) {
-    launch<16>(p, int(splits), stream);
-  } else if (rows == 32) {
-    launch<32>(p, int(splits), stream);
+  if (n == 16) {
+    launch<16>(p, batch * blocks, int(splits), stream);
+  } else if (n == 32) {
+    launch<32>(p, batch * blocks, int(splits), stream);
   } else {
-    TORCH_CHECK(rows == 64, "rows: 16, 32 or 64");
-    launch<64>(p, int(splits), stream);
+    launch<64>(p, batch * blocks, int(splits), stream);
   }
 }
 
