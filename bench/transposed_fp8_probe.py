@@ -5,18 +5,19 @@ reference and beside the package's bf16 and FP8 kernels on the same shapes, in o
 
 A shape H{h}_n{q}_B{b}_P{p} is b requests of h q rows over p cached keys each; a CTA takes N = h q
 rows of a request up to 64 (16, 32 at H = 16 with q_len 1, 2), blocks of 64 beyond (the H = 128
-shapes: the compute-bound side, where issue 17 asks for no slower than bf16). The probe sees every key (no tree mask) and splits each request's keys into
-`splits` equal ranges, one CTA each; its partial outputs are merged here (not timed). The
-package's columns are the attention alone over a prepared step (bench.verify's `--no-prep`
-column: the split kernel and its merge), on the same shape with q drafts (p + q keys).
+shapes: the compute-bound side, where issue 17 asks for no slower than bf16). The probe sees
+every key (no tree mask) and splits each request's keys into `splits` equal ranges, one CTA each;
+its partial outputs are merged here (not timed). The package's columns are the attention alone
+over a prepared step (bench.verify's `--no-prep` column: the split kernel and its merge), on the
+same shape with q drafts (p + q keys).
+
 Printed per shape: the probe's relative error (fp32 reference on the dequantised cache) and its
-ranges' largest log-sum-exp error (base 2), its CTAs' mean clock cycles a pair and, of those, the
-waits of warpgroup 0 for a tile to land, at the softmax's named barriers and for its GEMMs to
-retire (one untimed run), then
-times (CUDA-graph replays), the ratios probe / package FP8 and probe / package bf16 — the
-FP8 target is <= 0.6x bf16 on these memory-bound shapes (issue 17) — and the probe's bytes (e4m3
-rows, slot ids, q, its fp32 partial outputs) per second as a fraction of the device's copy rate
-(bench.verify's ceiling, measured in the same run)."""
+ranges' largest log-sum-exp error (base 2); its CTAs' mean clock cycles a pair and, of those,
+warpgroup 0's waits for a tile to land, at the softmax's named barriers and for its GEMMs to
+retire (one untimed run); times (CUDA-graph replays); the ratios probe / package FP8 and probe /
+package bf16 (the FP8 target: <= 0.6x bf16 on the memory-bound shapes, issue 17); and the
+probe's bytes (e4m3 rows, slot ids, q, its fp32 partial outputs) per second as a fraction of the
+device's copy rate (bench.verify's ceiling, measured in the same run)."""
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@
 //   O^T = V^T P^T (M = a warpgroup's 256 output columns in four m-blocks, N = the rows, over keys),
 // with the operand permutations of cutlass_kernels/sm90/transposed_operands.cuh.
 // One CTA takes N rows of one request (N = 16, 32, 64: all of H = 16's rows at q_len 1, 2, 4; a
-// block of 64 of a request's H q_len rows beyond that) over one contiguous range of its keys, every key visible (no tree mask, no split planning), the range a
-// multiple of 128 keys, and writes the range's normalised output (fp32) and each row's base-2
-// log-sum-exp; the caller merges the ranges. bench/transposed_fp8_probe.py builds it as a torch
+// block of 64 of a request's H q_len rows beyond that) over one contiguous range of its keys,
+// every key visible (no tree mask, no split planning), the range a multiple of 128 keys, and
+// writes the range's normalised output (fp32) and each row's base-2 log-sum-exp; the caller
+// merges the ranges. bench/transposed_fp8_probe.py builds it as a torch
 // extension, checks it against a float32 reference and times it beside the package's kernels.
 //
 // Warpgroups 0 and 1 take the tiles of a pair (2 i + w) and each owns 256 output columns; both
