@@ -198,7 +198,7 @@ __device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>:
     cutlass::arch::cpasync_barrier_arrive_noinc(&st.full[stage]);
   };
   issue_tile(0);
-  if (tiles > 1) issue_tile(1);
+  issue_tile(1);  // a range is whole pairs (run() checks it)
   // q, its columns permuted within each 64-column chunk (k_position_of): a thread's 8 bytes of
   // columns 64 c + 4 i .. + 3 (i < 16) go to two positions, a column pair each.
   {

@@ -9,7 +9,8 @@
 //   chunk are bytes [16 q, 16 q + 16) of each of its two keys, one 16-byte load a key;
 // - the output columns of a warpgroup (v_output_column): a thread's values of one key over the four
 //   64-row m-blocks are 8 consecutive bytes, one 8-byte load a key, paired across keys by prmt.
-// tests/transposed_operands_check.cu checks both against CuTe's fragments on the host.
+// tests/transposed_operands_check.cu checks both, and the addresses below, against CuTe's fragments
+// and layouts on the host.
 #pragma once
 
 #include <cstdint>
