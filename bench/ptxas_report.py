@@ -4,7 +4,8 @@ ptxas says it serialised a kernel's wgmma instructions ("Potential Performance L
 ptxas prints those notes as info lines, so a check for errors, warnings and spills misses them, and
 a serialised kernel runs ~1.2-1.4x slower (kernel log, twenty-first session).
 
-    python -m bench.ptxas_report [--library sm90|prep|all|probes] [--only SUBSTRING] [--jobs N] [--out FILE]
+    python -m bench.ptxas_report [--library sm90|prep|all|probes] [--only SUBSTRING] [--define NAME=VALUE]...
+                                 [--jobs N] [--out FILE]
 
 Run it from the root of the tree to check (a checkout or a `.snap/` tree): the sources are those of
 the `ddtree_op` that Python imports; `probes` compiles the GPU probes' kernels (bench/probes/, torch
@@ -108,11 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--library", default="sm90", choices=["sm90", "prep", "all", "probes"])
     parser.add_argument("--only", default=None, help="only sources whose name contains this")
+    parser.add_argument("--define", action="append", default=[], metavar="NAME=VALUE",
+                        help="a macro for every source (a probe's PROBE_VARIANT, say)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=None, help="write ptxas's whole output here")
     args = parser.parse_args(argv)
 
-    flags = cuda_build_flags(ARCH)["nvcc"]
+    flags = cuda_build_flags(ARCH)["nvcc"] + [f"-D{define}" for define in args.define]
     with tempfile.TemporaryDirectory() as tmp:
         jobs = compile_jobs(args.library, args.only, Path(tmp) / "stub")
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:

@@ -1,7 +1,8 @@
 """The transposed FP8 pair loop alone (bench/probes/transposed_fp8_pair.cu), against a float32
 reference and beside the package's bf16 and FP8 kernels on the same shapes, in one process:
 
-  python3 -m bench.transposed_fp8_probe [--shapes H16_n1_B32_P8192,...] [--splits 4]   (on the GPU machine)
+  python3 -m bench.transposed_fp8_probe [--shapes H16_n1_B32_P8192,...] [--splits 4] [--variants bf16,f16cvt]
+                                         (on the GPU machine)
 
 A shape H{h}_n{q}_B{b}_P{p} is b requests of h q rows over p cached keys each; a CTA takes N = h q
 rows of a request up to 64 (16, 32 at H = 16 with q_len 1, 2), blocks of 64 beyond (the H = 128
@@ -11,7 +12,10 @@ its partial outputs are merged here (not timed). The package's columns are the a
 over a prepared step (bench.verify's `--no-prep` column: the split kernel and its merge), on the
 same shape with q drafts (p + q keys).
 
-Printed per shape: the probe's relative error (fp32 reference on the dequantised cache) and its
+Each variant (VARIANTS: the probe's PROBE_VARIANT builds) is its own extension. The timing-only
+ablations (nowiden, nogemm) compute wrong outputs, so their errors are not checked.
+
+Printed per shape and variant: the probe's relative error (fp32 reference on the dequantised cache) and its
 ranges' largest log-sum-exp error (base 2); its CTAs' mean clock cycles a pair and, of those,
 warpgroup 0's waits for a tile to land, at the softmax's named barriers and for its GEMMs to
 retire (one untimed run); times (CUDA-graph replays); the ratios probe / package FP8 and probe /
@@ -37,15 +41,19 @@ KV_SCALE = 0.05
 Q_SCALE = 8.0
 LSE_TOLERANCE = 0.05  # base 2: the probe's per-range log-sum-exp against the reference's
 SHAPES = "H16_n1_B32_P8192,H16_n2_B32_P8192,H16_n4_B32_P8192,H16_n4_B8_P8192,H128_n1_B8_P8192,H128_n4_B8_P8192"
+# The probe's builds by PROBE_VARIANT (the Variant enum of its source).
+VARIANTS = {"bf16": 0, "nowiden": 1, "nogemm": 2, "f16cvt": 3}
+TIMING_ONLY = {"nowiden", "nogemm"}
 
 
-def load_probe():
+def load_probe(variant: str = "bf16"):
     from torch.utils.cpp_extension import load
 
     from ddtree_op.build import cuda_build_flags, include_dirs
 
     flags = cuda_build_flags()
-    return load(name="transposed_fp8_pair", sources=[str(SOURCE)], extra_cuda_cflags=flags["nvcc"],
+    return load(name=f"transposed_fp8_pair_{variant}", sources=[str(SOURCE)],
+                extra_cuda_cflags=[*flags["nvcc"], f"-DPROBE_VARIANT={VARIANTS[variant]}"],
                 extra_cflags=flags["cxx"], extra_include_paths=include_dirs("sm90"), verbose=False)
 
 
@@ -113,12 +121,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--splits", default="auto", help="ranges a request's keys are split into (auto: ~132 CTAs)")
+    parser.add_argument("--variants", default="bf16", help=f"the probe's builds, of {','.join(VARIANTS)}")
     args = parser.parse_args(argv)
-    probe = load_probe()
+    variants = args.variants.split(",")
+    if unknown := set(variants) - set(VARIANTS):
+        parser.error(f"--variants: unknown {sorted(unknown)}; known: {','.join(VARIANTS)}")
+    probes = {variant: load_probe(variant) for variant in variants}
     copy_rate = measure_ceilings()["copy_bytes_per_s"]
     print(f"{torch.cuda.get_device_name()}, copy {copy_rate / 1e12:.2f} TB/s")
-    print(f"{'shape':22s} {'splits':>6s} {'rel err':>9s} {'lse err':>8s} {'cyc/pair':>8s} {'land':>6s} {'barr':>6s} "
-          f"{'gemm':>6s} {'probe':>9s} {'pkg fp8':>9s} {'pkg bf16':>9s} "
+    print(f"{'shape':22s} {'variant':>8s} {'splits':>6s} {'rel err':>9s} {'lse err':>8s} {'cyc/pair':>8s} {'land':>6s} "
+          f"{'barr':>6s} {'gemm':>6s} {'probe':>9s} {'pkg fp8':>9s} {'pkg bf16':>9s} "
           f"{'probe/fp8':>9s} {'probe/bf16':>10s} {'fp8/bf16':>8s} {'probe/copy':>10s}")
     failed = False
     for name in args.shapes.split(","):
@@ -130,29 +142,33 @@ def main(argv=None) -> int:
             splits -= 1
         sm_scale = 576 ** -0.5
         q, e4m3, slots = probe_inputs(heads, q_len, batch, keys, seed=1)
-        out = torch.full((splits, batch * rows, 512), float("nan"), device="cuda")  # poisoned
-        lse = torch.full((splits, batch * rows), float("nan"), device="cuda")
-        no_cycles = torch.empty(0, device="cuda")
-        run = lambda: probe.run(q, e4m3.view(torch.uint8), slots, out, lse, no_cycles, sm_scale, KV_SCALE, rows,  # noqa: E731
-                                splits)
-        cycles = torch.zeros(splits, batch * blocks, 4, device="cuda")  # pair, land wait, barrier wait, GEMM wait
-        probe.run(q, e4m3.view(torch.uint8), slots, out, lse, cycles, sm_scale, KV_SCALE, rows, splits)
-        torch.cuda.synchronize()
         ref, ref_lse = reference(q, e4m3, slots, rows, sm_scale, splits)
-        got = merge(out, lse)
-        err = ((got - ref).norm() / ref.norm()).item()
-        lse_err = (lse - ref_lse).abs().max().item()
-        ok = math.isfinite(err) and err <= 2e-2 and math.isfinite(lse_err) and lse_err <= LSE_TOLERANCE
-        failed |= not ok
-        pair, land, barrier, gemm = cycles.view(-1, 4).mean(0).tolist()
-        print(f"{name:22s} {splits:6d} {err:9.2e} {lse_err:8.1e}{'' if ok else '!'} {pair:8.0f} {land:6.0f} {barrier:6.0f} "
-              f"{gemm:6.0f}", end="", flush=True)  # kept if the timing dies
-        probe_s = time_graph([run])
         bf16, fp8 = package_launches(heads, q_len, batch, prefix)
         bf16_s, fp8_s = time_graph([bf16]), time_graph([fp8])
-        print(f" {probe_s * 1e6:7.1f}us {fp8_s * 1e6:7.1f}us "
-              f"{bf16_s * 1e6:7.1f}us {probe_s / fp8_s:9.3f} {probe_s / bf16_s:10.3f} {fp8_s / bf16_s:8.3f} "
-              f"{probe_bytes(rows, batch, keys, splits) / probe_s / copy_rate:10.3f}", flush=True)
+        for variant, probe in probes.items():
+            out = torch.full((splits, batch * rows, 512), float("nan"), device="cuda")  # poisoned
+            lse = torch.full((splits, batch * rows), float("nan"), device="cuda")
+            no_cycles = torch.empty(0, device="cuda")
+            run = lambda: probe.run(q, e4m3.view(torch.uint8), slots, out, lse, no_cycles, sm_scale, KV_SCALE,  # noqa: E731
+                                    rows, splits)
+            cycles = torch.zeros(splits, batch * blocks, 4, device="cuda")  # pair, land wait, barrier wait, GEMM wait
+            probe.run(q, e4m3.view(torch.uint8), slots, out, lse, cycles, sm_scale, KV_SCALE, rows, splits)
+            torch.cuda.synchronize()
+            if variant in TIMING_ONLY:
+                checked = f"{'-':>9s} {'-':>8s} "
+            else:
+                err = ((merge(out, lse) - ref).norm() / ref.norm()).item()
+                lse_err = (lse - ref_lse).abs().max().item()
+                ok = math.isfinite(err) and err <= 2e-2 and math.isfinite(lse_err) and lse_err <= LSE_TOLERANCE
+                failed |= not ok
+                checked = f"{err:9.2e} {lse_err:8.1e}{' ' if ok else '!'}"
+            pair, land, barrier, gemm = cycles.view(-1, 4).mean(0).tolist()
+            print(f"{name:22s} {variant:>8s} {splits:6d} {checked}{pair:8.0f} {land:6.0f} {barrier:6.0f} {gemm:6.0f}",
+                  end="", flush=True)  # kept if the timing dies
+            probe_s = time_graph([run])
+            print(f" {probe_s * 1e6:7.1f}us {fp8_s * 1e6:7.1f}us {bf16_s * 1e6:7.1f}us {probe_s / fp8_s:9.3f} "
+                  f"{probe_s / bf16_s:10.3f} {fp8_s / bf16_s:8.3f} "
+                  f"{probe_bytes(rows, batch, keys, splits) / probe_s / copy_rate:10.3f}", flush=True)
     return 1 if failed else 0
 
 

@@ -31,11 +31,26 @@
 #include "sm90/traits.cuh"              // p_tile_byte_offset
 #include "sm90/transposed_operands.cuh" // the operands' layouts and addresses
 
+#ifndef PROBE_VARIANT
+#define PROBE_VARIANT 0
+#endif
+
 namespace transposed_probe {
 
 using namespace cute;
 using namespace ddtree::sm90;  // the layouts of transposed_operands.cuh, e4m3x2_bits_to, exp2_approx, ...
-using Element = cutlass::bfloat16_t;
+
+// What a build of the probe does (PROBE_VARIANT): the design itself, two ablations that only time
+// (their outputs are wrong) and name where a pair's cycles go, and the design on fp16 operands.
+enum Variant {
+  kBf16BitTrick,  // bf16 operands; e4m3 widened by fp8_tile.cuh's bit trick (4 integer ops and a bf16x2 multiply a pair)
+  kNoWiden,       // the e4m3 words go to the GEMMs unwidened: the pair without its widening (timing only)
+  kNoGemm,        // the GEMMs are not issued: the pair without its tensor work (timing only)
+  kF16Convert,    // fp16 operands (q converted once a CTA, P stored as fp16); e4m3 widened by cvt.rn.f16x2.e4m3x2
+};
+constexpr Variant kVariant = Variant(PROBE_VARIANT);
+constexpr bool kTimingOnly = kVariant == kNoWiden || kVariant == kNoGemm;
+using Element = std::conditional_t<kVariant == kF16Convert, cutlass::half_t, cutlass::bfloat16_t>;
 
 constexpr int kKeys = 64, kRowBytes = 576, kLatent = 512, kQkDim = 576, kChunks = 9;
 // Where a pair's cycles go (warpgroup 0's thread 0, means over the pairs): the whole pair, then
@@ -83,7 +98,7 @@ struct Traits {
 };
 
 struct Params {
-  const Element* q;     // [batch * rows, 576]: a request's rows, in blocks_per_request blocks of N
+  const cutlass::bfloat16_t* q;  // [batch * rows, 576]: a request's rows, in blocks_per_request blocks of N
   const uint8_t* kv;    // [pool, 576] e4m3
   const int* slots;     // [batch, keys_per_request]
   float* out;           // [splits, batch * rows, 512]
@@ -109,14 +124,33 @@ __device__ __forceinline__ void ld_shared_words(uint32_t addr, uint32_t (&w)[kWo
 
 // K's A fragment of kSteps k-steps from the thread's words of keys r0 (e = 0) and r0 + 8 (e = 1):
 // word s of key e gives registers 4 s + e (its bytes 0, 1) and 4 s + 2 + e (bytes 2, 3).
+// The two e4m3 values of a word's half (the first in its low byte) as fp16x2: one instruction.
+__device__ __forceinline__ uint32_t f16x2_of_e4m3x2(uint32_t word, int half) {
+  uint32_t out;
+  if (half == 0) {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(out) : "r"(word));
+  } else {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(out) : "r"(word));
+  }
+  return out;
+}
+
 template <int kSteps>
 __device__ __forceinline__ void widen_k(const uint32_t (&words)[2][kSteps], uint32_t* a) {
   CUTE_UNROLL
   for (int s = 0; s < kSteps; ++s) {
     CUTE_UNROLL
     for (int e = 0; e < 2; ++e) {
-      a[4 * s + e] = e4m3x2_bits_to<Element>(__byte_perm(words[e][s], 0, 0x1404));
-      a[4 * s + 2 + e] = e4m3x2_bits_to<Element>(__byte_perm(words[e][s], 0, 0x3424));
+      if constexpr (kVariant == kF16Convert) {
+        a[4 * s + e] = f16x2_of_e4m3x2(words[e][s], 0);
+        a[4 * s + 2 + e] = f16x2_of_e4m3x2(words[e][s], 1);
+      } else if constexpr (kVariant == kNoWiden) {
+        a[4 * s + e] = words[e][s];
+        a[4 * s + 2 + e] = words[e][s];
+      } else {
+        a[4 * s + e] = e4m3x2_bits_to<Element>(__byte_perm(words[e][s], 0, 0x1404));
+        a[4 * s + 2 + e] = e4m3x2_bits_to<Element>(__byte_perm(words[e][s], 0, 0x3424));
+      }
     }
   }
 }
@@ -131,7 +165,14 @@ __device__ __forceinline__ void widen_v(const uint32_t (&words)[4][(kBlocks + 1)
     CUTE_UNROLL
     for (int p = 0; p < 4; ++p) {
       const int h = p / 2, b = (2 * bm + p % 2) % 4;
-      a[4 * bm + p] = e4m3x2_bits_to<Element>(__byte_perm(words[2 * h][bm / 2], words[2 * h + 1][bm / 2], v_pair_selector(b)));
+      const uint32_t key0 = words[2 * h][bm / 2], key1 = words[2 * h + 1][bm / 2];
+      if constexpr (kVariant == kF16Convert) {  // byte b of both keys to the low half, then widened
+        a[4 * bm + p] = f16x2_of_e4m3x2(__byte_perm(key0, key1, uint32_t(b | (4 + b) << 4)), 0);
+      } else if constexpr (kVariant == kNoWiden) {
+        a[4 * bm + p] = p % 2 ? key1 : key0;
+      } else {
+        a[4 * bm + p] = e4m3x2_bits_to<Element>(__byte_perm(key0, key1, v_pair_selector(b)));
+      }
     }
   }
 }
@@ -202,11 +243,15 @@ __device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>:
   // q, its columns permuted within each 64-column chunk (k_position_of): a thread's 8 bytes of
   // columns 64 c + 4 i .. + 3 (i < 16) go to two positions, a column pair each.
   {
-    const Element* const q = p.q + int64_t(blockIdx.x) * N * kQkDim;  // the block's rows
+    const cutlass::bfloat16_t* const q = p.q + int64_t(blockIdx.x) * N * kQkDim;  // the block's rows
     for (int idx = t; idx < N * kQkDim / 4; idx += 128) {
       const int n = idx / (kQkDim / 4), group = idx % (kQkDim / 4), c = group / 16, col = 4 * (group % 16);
       uint2 v;
       asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(q + n * kQkDim + 4 * group));
+      if constexpr (kVariant == kF16Convert) {  // q arrives as bf16
+        v = make_uint2(pack_pair<Element>(unpack_pair<cutlass::bfloat16_t>(v.x).x, unpack_pair<cutlass::bfloat16_t>(v.x).y),
+                       pack_pair<Element>(unpack_pair<cutlass::bfloat16_t>(v.y).x, unpack_pair<cutlass::bfloat16_t>(v.y).y));
+      }
       const uint32_t at0 = smem + q_tile_byte_offset(N, n, c, k_position_of(col));
       const uint32_t at1 = smem + q_tile_byte_offset(N, n, c, k_position_of(col + 2));
       asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at0), "r"(v.x) : "memory");
@@ -242,6 +287,7 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
   Tensor acc_hi = partition_fragment_C(mma, Shape<_128, Int<N>>{});
   clear(acc_lo);
   clear(acc_hi);
+  if constexpr (kVariant == kNoGemm) clear(acc_s);  // what the softmax reads, as no GEMM writes it
   auto fence_o = [&] {
     warpgroup_fence_operand(acc_lo);
     warpgroup_fence_operand(acc_hi);
@@ -293,7 +339,7 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
       warpgroup_fence_operand(a);
       warpgroup_arrive();
       CUTE_UNROLL
-      for (int s = 0; s < kSteps; ++s) {
+      for (int s = 0; s < kSteps && kVariant != kNoGemm; ++s) {
         cute::gemm(mma, a(_, _, s), q_desc(_, _, 4 * c + kSteps * (group % T::kSplit) + s), acc_s);
         mma.accumulate_ = GMMA::ScaleOut::One;
       }
@@ -398,7 +444,9 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
         warpgroup_fence_operand(a);
         warpgroup_arrive();
         Element* const regs = raw_pointer_cast(a.data());
-        if constexpr (T::kSplit == 1) {
+        if constexpr (kVariant == kNoGemm) {
+          // timing only: no GEMM
+        } else if constexpr (T::kSplit == 1) {
           cute::gemm(mma, make_tensor(regs, v_pair_layout), p_desc(_, _, s), acc_lo);
           cute::gemm(mma, make_tensor(regs + 16, v_pair_layout), p_desc(_, _, s), acc_hi);
         } else if constexpr (mh == 0) {
@@ -514,7 +562,7 @@ void run(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& s
   TORCH_CHECK(pair_cycles.numel() == 0 || (pair_cycles.numel() == splits * batch * blocks * kClockKinds &&
                                             pair_cycles.dtype() == torch::kFloat32 && pair_cycles.is_contiguous()),
               "pair_cycles: empty or [splits, batch * blocks, 4] float32");
-  Params p{reinterpret_cast<const Element*>(q.data_ptr()), reinterpret_cast<const uint8_t*>(kv.data_ptr()),
+  Params p{reinterpret_cast<const cutlass::bfloat16_t*>(q.data_ptr()), reinterpret_cast<const uint8_t*>(kv.data_ptr()),
            slots.data_ptr<int>(), out.data_ptr<float>(), lse.data_ptr<float>(),
            pair_cycles.numel() ? pair_cycles.data_ptr<float>() : nullptr, blocks, keys, int(keys / splits),
            float(sm_scale * kv_scale * 1.4426950408889634), float(kv_scale)};
