@@ -17,9 +17,9 @@ ablations (nowiden, nogemm) compute wrong outputs, so their errors are not check
 
 Printed per shape and variant: the probe's relative error (fp32 reference on the dequantised cache) and its
 ranges' largest log-sum-exp error (base 2); its CTAs' mean clock cycles a pair and, of those,
-warpgroup 0's waits for a tile to land, at the softmax's named barriers and for its GEMMs to
-retire (one untimed run); times (CUDA-graph replays); the ratios probe / package FP8 and probe /
-package bf16 (the FP8 target: <= 0.6x bf16 on the memory-bound shapes, issue 17); and the
+warpgroup 0's waits for a tile to land, at the softmax's named barriers, for its GEMMs to retire
+and for an A buffer's last GEMM group (one untimed run); times (CUDA-graph replays); the ratios
+probe / package FP8 and probe / package bf16 (the FP8 target: <= 0.6x bf16 on the memory-bound shapes, issue 17); and the
 probe's bytes (e4m3 rows, slot ids, q, its fp32 partial outputs) per second as a fraction of the
 device's copy rate (bench.verify's ceiling, measured in the same run)."""
 
@@ -41,9 +41,18 @@ KV_SCALE = 0.05
 Q_SCALE = 8.0
 LSE_TOLERANCE = 0.05  # base 2: the probe's per-range log-sum-exp against the reference's
 SHAPES = "H16_n1_B32_P8192,H16_n2_B32_P8192,H16_n4_B32_P8192,H16_n4_B8_P8192,H128_n1_B8_P8192,H128_n4_B8_P8192"
-# The probe's builds by PROBE_VARIANT (the Variant enum of its source).
-VARIANTS = {"bf16": 0, "nowiden": 1, "nogemm": 2, "f16cvt": 3}
+# The probe's builds: their macros (PROBE_VARIANT: the Variant enum of its source; PROBE_A_BUFFERS,
+# PROBE_SLOT_PREFETCH: the source's defaults are 4 and 1).
+VARIANTS = {
+    "bf16": ["PROBE_VARIANT=0"],
+    "nowiden": ["PROBE_VARIANT=1"],
+    "nogemm": ["PROBE_VARIANT=2"],
+    "f16cvt": ["PROBE_VARIANT=3"],
+    "f16cvt_2buf": ["PROBE_VARIANT=3", "PROBE_A_BUFFERS=2"],
+    "f16cvt_2buf_noprefetch": ["PROBE_VARIANT=3", "PROBE_A_BUFFERS=2", "PROBE_SLOT_PREFETCH=0"],
+}
 TIMING_ONLY = {"nowiden", "nogemm"}
+CLOCK_KINDS = 5  # the source's ClockKind: pair, land wait, barrier wait, GEMM wait, A-buffer wait
 
 
 def load_probe(variant: str = "bf16"):
@@ -53,7 +62,7 @@ def load_probe(variant: str = "bf16"):
 
     flags = cuda_build_flags()
     return load(name=f"transposed_fp8_pair_{variant}", sources=[str(SOURCE)],
-                extra_cuda_cflags=[*flags["nvcc"], f"-DPROBE_VARIANT={VARIANTS[variant]}"],
+                extra_cuda_cflags=[*flags["nvcc"], *(f"-D{macro}" for macro in VARIANTS[variant])],
                 extra_cflags=flags["cxx"], extra_include_paths=include_dirs("sm90"), verbose=False)
 
 
@@ -129,8 +138,8 @@ def main(argv=None) -> int:
     probes = {variant: load_probe(variant) for variant in variants}
     copy_rate = measure_ceilings()["copy_bytes_per_s"]
     print(f"{torch.cuda.get_device_name()}, copy {copy_rate / 1e12:.2f} TB/s")
-    print(f"{'shape':22s} {'variant':>8s} {'splits':>6s} {'rel err':>9s} {'lse err':>8s} {'cyc/pair':>8s} {'land':>6s} "
-          f"{'barr':>6s} {'gemm':>6s} {'probe':>9s} {'pkg fp8':>9s} {'pkg bf16':>9s} "
+    print(f"{'shape':22s} {'variant':>22s} {'splits':>6s} {'rel err':>9s} {'lse err':>8s} {'cyc/pair':>8s} {'land':>6s} "
+          f"{'barr':>6s} {'gemm':>6s} {'buf':>6s} {'probe':>9s} {'pkg fp8':>9s} {'pkg bf16':>9s} "
           f"{'probe/fp8':>9s} {'probe/bf16':>10s} {'fp8/bf16':>8s} {'probe/copy':>10s}")
     failed = False
     for name in args.shapes.split(","):
@@ -151,7 +160,7 @@ def main(argv=None) -> int:
             no_cycles = torch.empty(0, device="cuda")
             run = lambda: probe.run(q, e4m3.view(torch.uint8), slots, out, lse, no_cycles, sm_scale, KV_SCALE,  # noqa: E731
                                     rows, splits)
-            cycles = torch.zeros(splits, batch * blocks, 4, device="cuda")  # pair, land wait, barrier wait, GEMM wait
+            cycles = torch.zeros(splits, batch * blocks, CLOCK_KINDS, device="cuda")
             probe.run(q, e4m3.view(torch.uint8), slots, out, lse, cycles, sm_scale, KV_SCALE, rows, splits)
             torch.cuda.synchronize()
             if variant in TIMING_ONLY:
@@ -162,8 +171,9 @@ def main(argv=None) -> int:
                 ok = math.isfinite(err) and err <= 2e-2 and math.isfinite(lse_err) and lse_err <= LSE_TOLERANCE
                 failed |= not ok
                 checked = f"{err:9.2e} {lse_err:8.1e}{' ' if ok else '!'}"
-            pair, land, barrier, gemm = cycles.view(-1, 4).mean(0).tolist()
-            print(f"{name:22s} {variant:>8s} {splits:6d} {checked}{pair:8.0f} {land:6.0f} {barrier:6.0f} {gemm:6.0f}",
+            pair, land, barrier, gemm, buffer = cycles.view(-1, CLOCK_KINDS).mean(0).tolist()
+            print(f"{name:22s} {variant:>22s} {splits:6d} {checked}{pair:8.0f} {land:6.0f} {barrier:6.0f} {gemm:6.0f} "
+                  f"{buffer:6.0f}",
                   end="", flush=True)  # kept if the timing dies
             probe_s = time_graph([run])
             print(f" {probe_s * 1e6:7.1f}us {fp8_s * 1e6:7.1f}us {bf16_s * 1e6:7.1f}us {probe_s / fp8_s:9.3f} "

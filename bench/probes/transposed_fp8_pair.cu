@@ -34,6 +34,12 @@
 #ifndef PROBE_VARIANT
 #define PROBE_VARIANT 0
 #endif
+#ifndef PROBE_SLOT_PREFETCH  // 1: the gather holds a tile's slot ids in a register a lane, loaded a tile ahead
+#define PROBE_SLOT_PREFETCH 1
+#endif
+#ifndef PROBE_A_BUFFERS  // the A operand's register buffers at N = 16, 32 (N = 64 has room for two)
+#define PROBE_A_BUFFERS 4
+#endif
 
 namespace transposed_probe {
 
@@ -55,8 +61,9 @@ using Element = std::conditional_t<kVariant == kF16Convert, cutlass::half_t, cut
 constexpr int kKeys = 64, kRowBytes = 576, kLatent = 512, kQkDim = 576, kChunks = 9;
 // Where a pair's cycles go (warpgroup 0's thread 0, means over the pairs): the whole pair, then
 // its waits for a tile to land, at the named barriers (the other warpgroup, the softmax's
-// exchanges) and for its GEMMs to retire (S^T's at its end, O^T's at the pair's end).
-enum ClockKind { kPairClock, kLandWait, kBarrierWait, kGemmWait, kClockKinds };
+// exchanges), for its GEMMs to retire (S^T's at its end, O^T's at the pair's end) and, within the
+// GEMM sequences, for the group that last read an A buffer to retire before it is refilled.
+enum ClockKind { kPairClock, kLandWait, kBarrierWait, kGemmWait, kBufferWait, kClockKinds };
 constexpr int kStageBytes = kKeys * kRowBytes;
 constexpr int kMmaThreads = 256;
 // Named barriers (cutlass's NamedBarrier numbers them after the ids it reserves): both
@@ -79,6 +86,8 @@ struct Traits {
   // double-buffered: 16 registers a buffer, at N = 64 8 (two groups a chunk or k-step), or the
   // wgmma pipeline is serialised (C7512) beside O^T's 128 accumulator registers.
   static constexpr int kSplit = N == 64 ? 2 : 1, kSteps = 4 / kSplit, kBlocks = 4 / kSplit;
+  // A buffers: a group waits for the one kBuffers back, so kBuffers - 1 groups stay in flight.
+  static constexpr int kBuffers = N == 64 ? 2 : PROBE_A_BUFFERS;
   static constexpr int kQBytes = N * kQkDim * 2;
   // e4m3 stages: as many as fit beside q (a tile's 36 KB is ~1.4 us of an SM's share of the
   // bandwidth, about one memory latency: three stages keep only ~1.5 tiles in flight).
@@ -216,15 +225,28 @@ __device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>:
   const int lane = t % 32, warp = t / 32, request = blockIdx.x / p.blocks_per_request, split = blockIdx.y;
   const int* const slots = p.slots + int64_t(request) * p.keys_per_request + int64_t(split) * p.keys_per_split;
   const int tiles = p.keys_per_split / kKeys;
+#if PROBE_SLOT_PREFETCH
+  // Lane l holds the slot id of the warp's key 16 warp + l % 16 of the tile being issued; the next
+  // tile's is loaded as this one's copies go out, so no copy waits for a slot id's load.
+  int slot_next = slots[16 * warp + lane % 16];
+  auto slot_of = [&](int slot_now, int tile, int key) { return __shfl_sync(0xffffffffu, slot_now, key % 16); };
+#else
+  auto slot_of = [&](int, int tile, int key) { return slots[tile * kKeys + key]; };
+#endif
   auto issue_tile = [&](int tile) {
     const int stage = tile % T::kStages;
+#if PROBE_SLOT_PREFETCH
+    const int slot_now = slot_next;
+    if (tile + 1 < tiles) slot_next = slots[(tile + 1) * kKeys + 16 * warp + lane % 16];
+#else
+    const int slot_now = 0;
+#endif
     if (tile >= T::kStages) cutlass::arch::ClusterBarrier::wait(&st.empty[stage], (tile / T::kStages - 1) & 1);
     const uint32_t dst = smem + T::kStagesOffset + stage * kStageBytes;
-    const int* const keys = slots + tile * kKeys;
 #pragma unroll 1
     for (int i = 0; i < 4; ++i) {  // four keys a warp instruction, 128 contiguous bytes each
       const int key = 16 * warp + 4 * i + lane / 8;
-      const uint8_t* const src = p.kv + int64_t(keys[key]) * kRowBytes;
+      const uint8_t* const src = p.kv + int64_t(slot_of(slot_now, tile, key)) * kRowBytes;
       CUTE_UNROLL
       for (int g = 0; g < 4; ++g) {
         const int unit = 8 * g + lane % 8;
@@ -234,7 +256,7 @@ __device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>:
 #pragma unroll 1
     for (int h = 0; h < 2; ++h) {  // the rope's four units, eight keys a warp instruction
       const int key = 16 * warp + 8 * h + lane / 4, unit = 32 + lane % 4;
-      cp_async_16(dst + key * kRowBytes + 16 * unit, p.kv + int64_t(keys[key]) * kRowBytes + 16 * unit, true);
+      cp_async_16(dst + key * kRowBytes + 16 * unit, p.kv + int64_t(slot_of(slot_now, tile, key)) * kRowBytes + 16 * unit, true);
     }
     cutlass::arch::cpasync_barrier_arrive_noinc(&st.full[stage]);
   };
@@ -292,8 +314,8 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
     warpgroup_fence_operand(acc_lo);
     warpgroup_fence_operand(acc_hi);
   };
-  Tensor a0 = make_tensor<Element>(Shape<Shape<_2, _2, _2>, _1, Int<T::kSteps>>{});
-  Tensor a1 = make_tensor<Element>(Shape<Shape<_2, _2, _2>, _1, Int<T::kSteps>>{});
+  using ABuffer = decltype(make_tensor<Element>(Shape<Shape<_2, _2, _2>, _1, Int<T::kSteps>>{}));
+  ABuffer a_buffers[T::kBuffers];  // indexed by constants only, so they stay in registers
   const auto v_pair_layout = Layout<Shape<Shape<_2, _2, _2>, _2>>{};  // two m-blocks of V^T's A
   float row_sum[kCols];
   CUTE_UNROLL
@@ -311,6 +333,8 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
     f();
     clocks[kind] += clock64() - start;
   };
+  // Before group k refills its buffer: the group that last read it (kBuffers back) has retired.
+  auto wait_for_buffer = [&] { timed(kBufferWait, [] { warpgroup_wait<T::kBuffers - 1>(); }); };
 
   for (int pair = 0; pair < pairs; ++pair) {
     // S^T of tile 2 pair + w.
@@ -331,8 +355,8 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
     load_k(0, k_words);
     cute::for_each(make_int_sequence<kGroups>{}, [&](auto group_) {
       constexpr int group = decltype(group_)::value, c = group / T::kSplit;
-      auto& a = group % 2 == 0 ? a0 : a1;
-      warpgroup_wait<1>();  // the group that read this buffer (two back) is done
+      auto& a = a_buffers[group % T::kBuffers];
+      wait_for_buffer();
       warpgroup_fence_operand(a);
       widen_k(k_words, reinterpret_cast<uint32_t*>(a.data()));
       if constexpr (group + 1 < kGroups) load_k(group + 1, k_words);
@@ -348,8 +372,8 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
     timed(kGemmWait, [] { warpgroup_wait<0>(); });
     warpgroup_fence_operand(acc_s);
     fence_o();
-    warpgroup_fence_operand(a0);
-    warpgroup_fence_operand(a1);
+    CUTE_UNROLL
+    for (int b = 0; b < T::kBuffers; ++b) warpgroup_fence_operand(a_buffers[b]);
 
     // The pair's maximum of each row: over the thread's two keys, the warp's eight key lanes,
     // then (in shared memory) the four warps of both warpgroups.
@@ -431,14 +455,14 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
       cute::for_each(make_int_sequence<4 * T::kSplit>{}, [&](auto group_) {
         constexpr int group = decltype(group_)::value, s = group / T::kSplit, mh = group % T::kSplit;
         constexpr int k = 4 * T::kSplit * t2 + group;
-        auto& a = k % 2 == 0 ? a0 : a1;
+        auto& a = a_buffers[k % T::kBuffers];
         uint32_t v_words[4][kWords];
         CUTE_UNROLL
         for (int he = 0; he < 4; ++he) {
           const int key = 16 * s + 8 * (he / 2) + 2 * q + he % 2;
           ld_shared_words(stage + key * kRowBytes + v_col + 4 * kWords * mh, v_words[he]);
         }
-        warpgroup_wait<1>();
+        wait_for_buffer();
         warpgroup_fence_operand(a);
         widen_v<kBlocks>(v_words, reinterpret_cast<uint32_t*>(a.data()));
         warpgroup_fence_operand(a);
@@ -545,7 +569,7 @@ void launch(const Params& p, int ctas, int splits, cudaStream_t stream) {
 }
 
 // rows: a request's rows (16, 32, or a multiple of 64). out [splits, batch * rows, 512] fp32, lse
-// [splits, batch * rows] (base 2). pair_cycles: an empty tensor, or [splits, batch * blocks, 4]
+// [splits, batch * rows] (base 2). pair_cycles: an empty tensor, or [splits, batch * blocks, 5]
 // float32 (blocks: rows / 64, or 1): each CTA's cycles a pair (ClockKind).
 void run(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& slots, torch::Tensor& out, torch::Tensor& lse,
          torch::Tensor& pair_cycles, double sm_scale, double kv_scale, int64_t rows, int64_t splits) {
@@ -561,7 +585,7 @@ void run(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& s
   const int n = rows < 64 ? int(rows) : 64, blocks = int(rows / n);
   TORCH_CHECK(pair_cycles.numel() == 0 || (pair_cycles.numel() == splits * batch * blocks * kClockKinds &&
                                             pair_cycles.dtype() == torch::kFloat32 && pair_cycles.is_contiguous()),
-              "pair_cycles: empty or [splits, batch * blocks, 4] float32");
+              "pair_cycles: empty or [splits, batch * blocks, 5] float32");
   Params p{reinterpret_cast<const cutlass::bfloat16_t*>(q.data_ptr()), reinterpret_cast<const uint8_t*>(kv.data_ptr()),
            slots.data_ptr<int>(), out.data_ptr<float>(), lse.data_ptr<float>(),
            pair_cycles.numel() ? pair_cycles.data_ptr<float>() : nullptr, blocks, keys, int(keys / splits),
