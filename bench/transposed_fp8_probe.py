@@ -12,16 +12,17 @@ its partial outputs are merged here (not timed). The package's columns are the a
 over a prepared step (bench.verify's `--no-prep` column: the split kernel and its merge), on the
 same shape with q drafts (p + q keys).
 
-Each variant (VARIANTS: the probe's PROBE_VARIANT builds) is its own extension. The timing-only
+Each variant (VARIANTS: the probe's builds, by their macros) is its own extension. The timing-only
 ablations (nowiden, nogemm) compute wrong outputs, so their errors are not checked.
 
-Printed per shape and variant: the probe's relative error (fp32 reference on the dequantised cache) and its
-ranges' largest log-sum-exp error (base 2); its CTAs' mean clock cycles a pair and, of those,
-warpgroup 0's waits for a tile to land, at the softmax's named barriers, for its GEMMs to retire
-and for an A buffer's last GEMM group (one untimed run); times (CUDA-graph replays); the ratios
-probe / package FP8 and probe / package bf16 (the FP8 target: <= 0.6x bf16 on the memory-bound shapes, issue 17); and the
-probe's bytes (e4m3 rows, slot ids, q, its fp32 partial outputs) per second as a fraction of the
-device's copy rate (bench.verify's ceiling, measured in the same run)."""
+Printed per shape and variant: the probe's relative error (fp32 reference on the dequantised cache)
+and its ranges' largest log-sum-exp error (base 2); its CTAs' mean clock cycles a pair and, of
+those, warpgroup 0's waits for a tile to land, at the softmax's named barriers, for its GEMMs to
+retire and for an A buffer's last GEMM group (one untimed run); times (CUDA-graph replays); the
+ratios probe / package FP8 and probe / package bf16 (the FP8 target: <= 0.6x bf16 on the
+memory-bound shapes, issue 17); and the probe's bytes (e4m3 rows, slot ids, q, its fp32 partial
+outputs) per second as a fraction of the device's copy rate (bench.verify's ceiling, measured in
+the same run)."""
 
 from __future__ import annotations
 
