@@ -8,7 +8,8 @@
 # tree's libraries are built beside the probe's extension before either runs.
 # PROBE_VARIANTS: the probe's builds (default bf16; bench/transposed_fp8_probe.py's VARIANTS), built
 # at once. PROBE_ARGS: its other arguments (--shapes, --splits). PROBE_NCU_SHAPE: a shape to profile
-# each variant on with ncu (compute workload, instruction and warp-state sections).
+# each variant on with ncu (compute workload, instruction and warp-state sections). PROBE_NO_PACKAGE=1:
+# the probe alone (no package libraries built or timed); PROBE_ROWS=16: that N's kernel alone.
 # Writes under $OUT: probe.txt, probe_build.log, census.txt (each variant's SASS opcodes at N = 16
 # and 64), ncu.txt with PROBE_NCU_SHAPE (and, with AB_TREES, the A/B's files).
 set -uo pipefail
@@ -34,7 +35,7 @@ if [ -n "${AB_TREES:-}" ]; then
     (cd "$root/.snap/$t" && PYTHONPATH=/tmp/site_probe:$root/.snap/$t DDTREE_CACHE_DIR=/tmp/ddc_$t timeout 400 \
       python3 bench/build_libraries.py) > "/tmp/build_$t.log" 2>&1 &
   done
-else
+elif [ -z "${PROBE_NO_PACKAGE:-}" ]; then
   in_probe_tree timeout 400 python3 bench/build_libraries.py > /tmp/build_probe.log 2>&1 &
 fi
 wait
@@ -42,7 +43,7 @@ grep -hv DEBUG /tmp/probe_build_*.log /tmp/build_*.log | tail -n 30 > "$OUT/prob
 echo "probe built at $SECONDS s"
 # The probe first, then the A/B: a call that ends early keeps the shorter one's result.
 # shellcheck disable=SC2086  # PROBE_ARGS: arguments, split at spaces
-in_probe_tree timeout "${PROBE_TIMEOUT:-180}" python3 -m bench.transposed_fp8_probe --variants "$variants" ${PROBE_ARGS:-} 2>&1 | grep -v DEBUG | tee "$OUT/probe.txt"
+in_probe_tree timeout "${PROBE_TIMEOUT:-180}" python3 -m bench.transposed_fp8_probe --variants "$variants" ${PROBE_NO_PACKAGE:+--no-package} ${PROBE_ARGS:-} 2>&1 | grep -v DEBUG | tee "$OUT/probe.txt"
 echo "probed at $SECONDS s"
 for v in ${variants//,/ }; do
   for n in 16 64; do

@@ -12,7 +12,8 @@ its partial outputs are merged here (not timed). The package's columns are the a
 over a prepared step (bench.verify's `--no-prep` column: the split kernel and its merge), on the
 same shape with q drafts (p + q keys).
 
-Each variant (VARIANTS: the probe's builds, by their macros) is its own extension. The timing-only
+Each variant (VARIANTS: the probe's builds, by their macros) is its own extension; PROBE_ROWS=16
+(32, 64) in the environment builds that N alone. The timing-only
 ablations (nowiden, nogemm) compute wrong outputs, so their errors are not checked.
 
 Printed per shape and variant: the probe's relative error (fp32 reference on the dequantised cache)
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from pathlib import Path
 
@@ -62,8 +64,9 @@ def load_probe(variant: str = "bf16"):
     from ddtree_op.build import cuda_build_flags, include_dirs
 
     flags = cuda_build_flags()
+    macros = VARIANTS[variant] + ([f"PROBE_ROWS={rows}"] if (rows := os.environ.get("PROBE_ROWS")) else [])
     return load(name=f"transposed_fp8_pair_{variant}", sources=[str(SOURCE)],
-                extra_cuda_cflags=[*flags["nvcc"], *(f"-D{macro}" for macro in VARIANTS[variant])],
+                extra_cuda_cflags=[*flags["nvcc"], *(f"-D{macro}" for macro in macros)],
                 extra_cflags=flags["cxx"], extra_include_paths=include_dirs("sm90"), verbose=False)
 
 
@@ -132,6 +135,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--splits", default="auto", help="ranges a request's keys are split into (auto: ~132 CTAs)")
     parser.add_argument("--variants", default="bf16", help=f"the probe's builds, of {','.join(VARIANTS)}")
+    parser.add_argument("--no-package", action="store_true", help="the probe alone: no package kernels timed beside it")
     args = parser.parse_args(argv)
     variants = args.variants.split(",")
     if unknown := set(variants) - set(VARIANTS):
@@ -153,8 +157,11 @@ def main(argv=None) -> int:
         sm_scale = 576 ** -0.5
         q, e4m3, slots = probe_inputs(heads, q_len, batch, keys, seed=1)
         ref, ref_lse = reference(q, e4m3, slots, rows, sm_scale, splits)
-        bf16, fp8 = package_launches(heads, q_len, batch, prefix)
-        bf16_s, fp8_s = time_graph([bf16]), time_graph([fp8])
+        if args.no_package:
+            bf16_s = fp8_s = math.nan
+        else:
+            bf16, fp8 = package_launches(heads, q_len, batch, prefix)
+            bf16_s, fp8_s = time_graph([bf16]), time_graph([fp8])
         for variant, probe in probes.items():
             out = torch.full((splits, batch * rows, 512), float("nan"), device="cuda")  # poisoned
             lse = torch.full((splits, batch * rows), float("nan"), device="cuda")
