@@ -56,7 +56,7 @@ if [ -n "${PROBE_NCU_SHAPE:-}" ]; then
     echo "== $v $PROBE_NCU_SHAPE"
     in_probe_tree timeout 90 ncu --clock-control none -k regex:transposed_pair_kernel -c 1 --section ComputeWorkloadAnalysis \
       --section InstructionStats --section WarpStateStats --metrics 'regex:^sm__(inst_executed_pipe|pipe)_.*(pct_of_peak_sustained_active)$' \
-      python3 -m bench.transposed_fp8_probe --variants "$v" --shapes "$PROBE_NCU_SHAPE" 2>&1 | grep -v DEBUG
+      python3 -m bench.transposed_fp8_probe --variants "$v" --shapes "$PROBE_NCU_SHAPE" ${PROBE_NO_PACKAGE:+--no-package} 2>&1 | grep -v DEBUG
   done > "$OUT/ncu.txt"
   echo "profiled at $SECONDS s"
 fi

@@ -45,14 +45,15 @@ Q_SCALE = 8.0
 LSE_TOLERANCE = 0.05  # base 2: the probe's per-range log-sum-exp against the reference's
 SHAPES = "H16_n1_B32_P8192,H16_n2_B32_P8192,H16_n4_B32_P8192,H16_n4_B8_P8192,H128_n1_B8_P8192,H128_n4_B8_P8192"
 # The probe's builds: their macros (PROBE_VARIANT: the Variant enum of its source; PROBE_A_BUFFERS,
-# PROBE_SLOT_PREFETCH: the source's defaults are 4 and 1).
+# PROBE_SLOT_PREFETCH, PROBE_BUFFER_CLOCK: the source's defaults are 4, 1 and 1).
 VARIANTS = {
     "bf16": ["PROBE_VARIANT=0"],
     "nowiden": ["PROBE_VARIANT=1"],
     "nogemm": ["PROBE_VARIANT=2"],
     "f16cvt": ["PROBE_VARIANT=3"],
     "f16cvt_2buf": ["PROBE_VARIANT=3", "PROBE_A_BUFFERS=2"],
-    "f16cvt_2buf_noprefetch": ["PROBE_VARIANT=3", "PROBE_A_BUFFERS=2", "PROBE_SLOT_PREFETCH=0"],
+    # 99296c8's f16cvt, to compare against in the same run
+    "f16cvt_2buf_noprefetch": ["PROBE_VARIANT=3", "PROBE_A_BUFFERS=2", "PROBE_SLOT_PREFETCH=0", "PROBE_BUFFER_CLOCK=0"],
 }
 TIMING_ONLY = {"nowiden", "nogemm"}
 CLOCK_KINDS = 5  # the source's ClockKind: pair, land wait, barrier wait, GEMM wait, A-buffer wait

@@ -40,6 +40,9 @@
 #ifndef PROBE_A_BUFFERS  // the A operand's register buffers at N = 16, 32 (N = 64 has room for two)
 #define PROBE_A_BUFFERS 4
 #endif
+#ifndef PROBE_BUFFER_CLOCK  // 1: the in-loop A-buffer waits are timed (34 clock reads a pair at N = 16)
+#define PROBE_BUFFER_CLOCK 1
+#endif
 
 namespace transposed_probe {
 
@@ -55,7 +58,6 @@ enum Variant {
   kF16Convert,    // fp16 operands (q converted once a CTA, P stored as fp16); e4m3 widened by cvt.rn.f16x2.e4m3x2
 };
 constexpr Variant kVariant = Variant(PROBE_VARIANT);
-constexpr bool kTimingOnly = kVariant == kNoWiden || kVariant == kNoGemm;
 using Element = std::conditional_t<kVariant == kF16Convert, cutlass::half_t, cutlass::bfloat16_t>;
 
 constexpr int kKeys = 64, kRowBytes = 576, kLatent = 512, kQkDim = 576, kChunks = 9;
@@ -82,8 +84,8 @@ struct Traits {
   // After setmaxnreg (2 x 128 x mma + 128 x gather <= 64 K): at N = 64, O^T's 128 accumulator
   // registers need more than 224 to keep the wgmma pipeline unserialised.
   static constexpr uint32_t kMmaRegisters = N == 64 ? 232 : 224, kGatherRegisters = N == 64 ? 40 : 56;
-  // The A operand goes in groups of kSteps k-steps of K (S^T) or kBlocks m-blocks of V^T (O^T),
-  // double-buffered: 16 registers a buffer, at N = 64 8 (two groups a chunk or k-step), or the
+  // The A operand goes in groups of kSteps k-steps of K (S^T) or kBlocks m-blocks of V^T (O^T):
+  // 16 registers a buffer, at N = 64 8 (two groups a chunk or k-step) and two buffers, or the
   // wgmma pipeline is serialised (C7512) beside O^T's 128 accumulator registers.
   static constexpr int kSplit = N == 64 ? 2 : 1, kSteps = 4 / kSplit, kBlocks = 4 / kSplit;
   // A buffers: a group waits for the one kBuffers back, so kBuffers - 1 groups stay in flight.
@@ -226,27 +228,25 @@ __device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>:
   const int* const slots = p.slots + int64_t(request) * p.keys_per_request + int64_t(split) * p.keys_per_split;
   const int tiles = p.keys_per_split / kKeys;
 #if PROBE_SLOT_PREFETCH
-  // Lane l holds the slot id of the warp's key 16 warp + l % 16 of the tile being issued; the next
-  // tile's is loaded as this one's copies go out, so no copy waits for a slot id's load.
-  int slot_next = slots[16 * warp + lane % 16];
-  auto slot_of = [&](int slot_now, int tile, int key) { return __shfl_sync(0xffffffffu, slot_now, key % 16); };
+  // Lane l holds the slot id of the warp's key 16 warp + l % 16 of the tile being issued (`now`);
+  // the next tile's is loaded into the other register (`next`) as this one's copies go out, so no
+  // copy waits for a slot id's load. Even and odd tiles swap the two registers (a range is whole
+  // pairs), so no move waits for the load either; the last tile reloads its own ids.
+  auto slot_of = [&](int now, int tile, int key) { return __shfl_sync(0xffffffffu, now, key % 16); };
+  auto load_slots = [&](int tile) { return slots[min(tile, tiles - 1) * kKeys + 16 * warp + lane % 16]; };
 #else
   auto slot_of = [&](int, int tile, int key) { return slots[tile * kKeys + key]; };
+  auto load_slots = [](int) { return 0; };
 #endif
-  auto issue_tile = [&](int tile) {
+  auto issue_tile = [&](int tile, int now, int& next) {
+    next = load_slots(tile + 1);
     const int stage = tile % T::kStages;
-#if PROBE_SLOT_PREFETCH
-    const int slot_now = slot_next;
-    if (tile + 1 < tiles) slot_next = slots[(tile + 1) * kKeys + 16 * warp + lane % 16];
-#else
-    const int slot_now = 0;
-#endif
     if (tile >= T::kStages) cutlass::arch::ClusterBarrier::wait(&st.empty[stage], (tile / T::kStages - 1) & 1);
     const uint32_t dst = smem + T::kStagesOffset + stage * kStageBytes;
 #pragma unroll 1
     for (int i = 0; i < 4; ++i) {  // four keys a warp instruction, 128 contiguous bytes each
       const int key = 16 * warp + 4 * i + lane / 8;
-      const uint8_t* const src = p.kv + int64_t(slot_of(slot_now, tile, key)) * kRowBytes;
+      const uint8_t* const src = p.kv + int64_t(slot_of(now, tile, key)) * kRowBytes;
       CUTE_UNROLL
       for (int g = 0; g < 4; ++g) {
         const int unit = 8 * g + lane % 8;
@@ -256,12 +256,13 @@ __device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>:
 #pragma unroll 1
     for (int h = 0; h < 2; ++h) {  // the rope's four units, eight keys a warp instruction
       const int key = 16 * warp + 8 * h + lane / 4, unit = 32 + lane % 4;
-      cp_async_16(dst + key * kRowBytes + 16 * unit, p.kv + int64_t(slot_of(slot_now, tile, key)) * kRowBytes + 16 * unit, true);
+      cp_async_16(dst + key * kRowBytes + 16 * unit, p.kv + int64_t(slot_of(now, tile, key)) * kRowBytes + 16 * unit, true);
     }
     cutlass::arch::cpasync_barrier_arrive_noinc(&st.full[stage]);
   };
-  issue_tile(0);
-  issue_tile(1);  // a range is whole pairs (run() checks it)
+  int even = load_slots(0), odd;
+  issue_tile(0, even, odd);
+  issue_tile(1, odd, even);  // a range is whole pairs (run() checks it)
   // q, its columns permuted within each 64-column chunk (k_position_of): a thread's 8 bytes of
   // columns 64 c + 4 i .. + 3 (i < 16) go to two positions, a column pair each.
   {
@@ -282,7 +283,10 @@ __device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>:
     cutlass::arch::fence_view_async_shared();
     cutlass::arch::ClusterBarrier::arrive(&st.q_full);
   }
-  for (int tile = 2; tile < tiles; ++tile) issue_tile(tile);
+  for (int tile = 2; tile < tiles; tile += 2) {
+    issue_tile(tile, even, odd);
+    issue_tile(tile + 1, odd, even);
+  }
   asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives its thread
 }
 
@@ -334,7 +338,13 @@ __device__ __forceinline__ void mma_role(const Params& p, typename Traits<N>::St
     clocks[kind] += clock64() - start;
   };
   // Before group k refills its buffer: the group that last read it (kBuffers back) has retired.
-  auto wait_for_buffer = [&] { timed(kBufferWait, [] { warpgroup_wait<T::kBuffers - 1>(); }); };
+  auto wait_for_buffer = [&] {
+    if constexpr (PROBE_BUFFER_CLOCK) {
+      timed(kBufferWait, [] { warpgroup_wait<T::kBuffers - 1>(); });
+    } else {
+      warpgroup_wait<T::kBuffers - 1>();
+    }
+  };
 
   for (int pair = 0; pair < pairs; ++pair) {
     // S^T of tile 2 pair + w.
