@@ -2,7 +2,7 @@
 # The transposed FP8 pair-loop probe (bench/transposed_fp8_probe.py) in one device call, alone or
 # before an A/B of kernel variants (bench/device_ab.sh) that shares the call's start and builds:
 #   run(command="bash bench/device_transposed_probe.sh", carry=[".whl"])
-#   run(command="AB_TREES='main roperegs' [device_ab.sh's settings] bash bench/device_transposed_probe.sh",
+#   run(command="AB_TREES='main NAME' [device_ab.sh's settings] bash bench/device_transposed_probe.sh",
 #       carry=[".whl", ".snap"])
 # With AB_TREES the probe runs in the first tree's snapshot (which must hold the probe), and every
 # tree's libraries are built beside the probe's extension before either runs.
