@@ -2,11 +2,11 @@
 # Kernel variants A/B in one device call: trees under .snap/ (bench/snapshot_trees.sh), the first
 # one the base. Builds every tree (and, with WAIT_CLOCKS=1, its debug build) in parallel, runs
 # each variant's sm90 tests side by side (a failing variant is not timed), times attention alone on
-# ${CASES:-grid} (CASE_FILTER: bench.verify's --filter) for each tree one after another (sm90, paged:sm90, FlashMLA beside), compares
-# them (bench/compare_runs.py) and, with WAIT_CLOCKS=1, prints each tree's wait clocks and its
-# timeline of one pair (wait_clocks.cuh). AB_TESTS:
-# the variants' pytest arguments instead of the sm90 tests, split at spaces (so a -k expression
-# must be one word). AB_BACKENDS: the timed columns (default sm90,paged:sm90,flashmla).
+# ${CASES:-grid} (CASE_FILTER: bench.verify's --filter) for each tree one after another (sm90,
+# paged:sm90, FlashMLA beside), compares them (bench/compare_runs.py) and, with WAIT_CLOCKS=1,
+# prints each tree's wait clocks and its timeline of one pair (wait_clocks.cuh). AB_TESTS: the
+# variants' pytest arguments instead of the sm90 tests, split at spaces (so a -k expression must
+# be one word). AB_BACKENDS: the timed columns (default sm90,paged:sm90,flashmla).
 # WITH_PREP=1 times the preparation and the one-call step too (a change to the preparation must
 # be timed with it: the pieces' A/Bs without it missed +2.4 to +6.9 µs of preparation).
 #   run(command="bash bench/device_ab.sh main v14", carry=[".whl", ".snap"])

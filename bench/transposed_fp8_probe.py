@@ -13,8 +13,8 @@ over a prepared step (bench.verify's `--no-prep` column: the split kernel and it
 same shape with q drafts (p + q keys).
 
 Each variant (VARIANTS: the probe's builds, by their macros) is its own extension; PROBE_ROWS=16
-(32, 64) in the environment builds that N alone. The timing-only
-ablations (nowiden, nogemm) compute wrong outputs, so their errors are not checked.
+(32, 64) in the environment builds that N alone. The timing-only ablations (nowiden, nogemm)
+compute wrong outputs, so their errors are not checked.
 
 Printed per shape and variant: the probe's relative error (fp32 reference on the dequantised cache)
 and its ranges' largest log-sum-exp error (base 2); its CTAs' mean clock cycles a pair and, of

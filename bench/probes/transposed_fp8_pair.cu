@@ -133,9 +133,9 @@ __device__ __forceinline__ void ld_shared_words(uint32_t addr, uint32_t (&w)[kWo
   }
 }
 
-// K's A fragment of kSteps k-steps from the thread's words of keys r0 (e = 0) and r0 + 8 (e = 1):
-// word s of key e gives registers 4 s + e (its bytes 0, 1) and 4 s + 2 + e (bytes 2, 3).
-// The two e4m3 values of a word's half (the first in its low byte) as fp16x2: one instruction.
+// The two e4m3 values of a word's half (the first in its low byte) as fp16x2: one instruction
+// (fp8_operands.cuh's float2_of_e4m3x2 widens the same way, from a 16-bit pair, on to floats). The
+// half is picked inside the asm: a 16-bit argument made by `word >> 16` costs a shift each.
 __device__ __forceinline__ uint32_t f16x2_of_e4m3x2(uint32_t word, int half) {
   uint32_t out;
   if (half == 0) {
@@ -146,6 +146,8 @@ __device__ __forceinline__ uint32_t f16x2_of_e4m3x2(uint32_t word, int half) {
   return out;
 }
 
+// K's A fragment of kSteps k-steps from the thread's words of keys r0 (e = 0) and r0 + 8 (e = 1):
+// word s of key e gives registers 4 s + e (its bytes 0, 1) and 4 s + 2 + e (bytes 2, 3).
 template <int kSteps>
 __device__ __forceinline__ void widen_k(const uint32_t (&words)[2][kSteps], uint32_t* a) {
   CUTE_UNROLL
@@ -272,8 +274,11 @@ __device__ __forceinline__ void gather_role(const Params& p, typename Traits<N>:
       uint2 v;
       asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(q + n * kQkDim + 4 * group));
       if constexpr (kVariant == kF16Convert) {  // q arrives as bf16
-        v = make_uint2(pack_pair<Element>(unpack_pair<cutlass::bfloat16_t>(v.x).x, unpack_pair<cutlass::bfloat16_t>(v.x).y),
-                       pack_pair<Element>(unpack_pair<cutlass::bfloat16_t>(v.y).x, unpack_pair<cutlass::bfloat16_t>(v.y).y));
+        auto to_element = [](uint32_t bf16x2) {
+          const float2 f = unpack_pair<cutlass::bfloat16_t>(bf16x2);
+          return pack_pair<Element>(f.x, f.y);
+        };
+        v = make_uint2(to_element(v.x), to_element(v.y));
       }
       const uint32_t at0 = smem + q_tile_byte_offset(N, n, c, k_position_of(col));
       const uint32_t at1 = smem + q_tile_byte_offset(N, n, c, k_position_of(col + 2));
