@@ -97,6 +97,21 @@ def all_cases() -> list[Case]:
     return grid_cases() + ragged_cases() + serving_cases()
 
 
+def case_named(name: str) -> Case:
+    """A case of all_cases() by its name, or a uniform batch named H<heads>_n<drafts>_B<batch>_P<prefix>
+    (shapes off the grid, such as q_len 1 and 2)."""
+    import re
+
+    known = {case.name: case for case in all_cases()}
+    if name in known:
+        return known[name]
+    match = re.fullmatch(r"H(\d+)_n(\d+)_B(\d+)_P(\d+)", name)
+    if not match:
+        raise ValueError(f"case {name!r}: not a bench case, nor H<heads>_n<drafts>_B<batch>_P<prefix>")
+    heads, drafts, batch, prefix = (int(x) for x in match.groups())
+    return Case(name, heads, (prefix,) * batch, (drafts,) * batch)
+
+
 def geomean(values: list[float]) -> float:
     import math
 

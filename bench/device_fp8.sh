@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The FP8 (e4m3) cache on the H200 in one device call: builds this tree's libraries, runs the FP8
 # GPU tests and the sm90 ones (${FP8_TESTS}, in ${PROCESSES:-8} processes), then times the whole step
-# in the four layouts (bench/paged_fp8.py: slot and paged, bf16 and FP8) for each backend of
+# in the four layouts (bench/paged_fp8.py: slot and paged, bf16 and FP8; FP8 with each sm90 kernel of
+# ${FP8_KERNELS:-transposed,widened}) for each backend of
 # ${FP8_BACKENDS:-sm90} on ${FP8_CASES} (default: memory- and compute-bound shapes).
 #   run(command="bash bench/device_fp8.sh", carry=[".whl"])
 # SANITIZE=1: compute-sanitizer memcheck and racecheck on the sm90 FP8 kernels; GRID_S=0: no timing.
@@ -29,6 +30,6 @@ fi
 cases=${FP8_CASES:-H16_n4_B8_P8192,H16_n4_B32_P8192,H16_n4_B32_P1024,dsv3_H16_chain4_B64_P4k,H16_n16_B32_P8192,H128_n4_B32_P8192,H128_n64_B8_P8192}
 for backend in ${FP8_BACKENDS:-sm90}; do
   echo "== $backend"
-  timeout "${GRID_S:-200}" python3 -m bench.paged_fp8 "$cases" "$backend" 2>&1 | grep -v DEBUG
+  timeout "${GRID_S:-200}" python3 -m bench.paged_fp8 "$cases" "$backend" "${FP8_KERNELS:-transposed,widened}" 2>&1 | grep -v DEBUG
 done | tee "$OUT/steps.txt"
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader >> "$OUT/steps.txt"

@@ -66,25 +66,48 @@ def step_launches(case, variant: str, backend: str = "auto", seed: int = 0):
 VARIANTS = ("slot", "paged", "slot_fp8", "paged_fp8")
 
 
-def main(argv=None) -> None:
-    """Times the whole verify step per case in the four variants (CUDA-graph replays over
-    rotating input sets, as bench/verify.py): `python -m bench.paged_fp8 [CASE,CASE,...] [BACKEND]`."""
-    import sys
+def timed_variants(case, backend: str, fp8_kernels: list[str]) -> dict[str, float]:
+    """Seconds a step of each variant, the FP8 ones once per sm90 FP8 kernel (named "slot_fp8/K"),
+    all in this run: the kernel is read when a step is captured (DDTREE_SM90_FP8_KERNEL)."""
+    import os
 
-    from bench.cases import all_cases
     from bench.verify import input_set_count, time_graph
 
+    sets = input_set_count(case)
+
+    def timed(variant):
+        return time_graph([step_launches(case, variant, backend, seed) for seed in range(sets)])
+
+    times = {v: timed(v) for v in VARIANTS[:2]}
+    for kernel in fp8_kernels:
+        os.environ["DDTREE_SM90_FP8_KERNEL"] = kernel
+        for v in VARIANTS[2:]:
+            times[f"{v}/{kernel}"] = timed(v)
+    os.environ.pop("DDTREE_SM90_FP8_KERNEL", None)
+    return times
+
+
+def main(argv=None) -> None:
+    """Times the whole verify step per case in the four variants (CUDA-graph replays over
+    rotating input sets, as bench/verify.py), the FP8 ones with each sm90 FP8 kernel:
+    `python -m bench.paged_fp8 [CASE,CASE,...] [BACKEND] [KERNEL,KERNEL,...]` (cases: bench.cases.case_named;
+    kernels: "auto",
+    "transposed", "widened"; default "auto")."""
+    import sys
+
+    from bench.cases import all_cases, case_named
+
     argv = sys.argv[1:] if argv is None else argv
-    names = set(argv[0].split(",")) if argv else None
+    cases = [case_named(name) for name in argv[0].split(",")] if argv else all_cases()
     backend = argv[1] if len(argv) > 1 else "auto"
-    print(f"{'case':28s} " + " ".join(f"{v:>11s}" for v in VARIANTS) + "   fp8/bf16 (slot, paged)")
-    for case in all_cases():
-        if names is not None and case.name not in names:
-            continue
-        sets = input_set_count(case)
-        times = {v: time_graph([step_launches(case, v, backend, seed) for seed in range(sets)]) for v in VARIANTS}
-        print(f"{case.name:28s} " + " ".join(f"{times[v] * 1e6:9.1f}us" for v in VARIANTS)
-              + f"   {times['slot_fp8'] / times['slot']:.2f} {times['paged_fp8'] / times['paged']:.2f}", flush=True)
+    kernels = argv[2].split(",") if len(argv) > 2 else ["auto"]
+    columns = list(VARIANTS[:2]) + [f"{v}/{k}" for k in kernels for v in VARIANTS[2:]]
+    print(f"{'case':28s} " + " ".join(f"{c:>20s}" for c in columns) + "   fp8/bf16 (slot, paged) per kernel")
+    for case in cases:
+        times = timed_variants(case, backend, kernels)
+        ratios = "  ".join(f"{k}: {times[f'slot_fp8/{k}'] / times['slot']:.3f} {times[f'paged_fp8/{k}'] / times['paged']:.3f}"
+                           for k in kernels)
+        print(f"{case.name:28s} " + " ".join(f"{times[c] * 1e6:18.1f}us" for c in columns) + f"   {ratios}", flush=True)
 
 
 if __name__ == "__main__":

@@ -213,6 +213,55 @@ def test_sm90_schedules_match_reference(case, schedule):
         assert_matches_reference(*run_sm90(vb, **schedule, **scale_args), ref_out, ref_lse)
 
 
+# Row blocks of 8, 16, 32, 48 and 64 rows (the transposed kernel's N = 16, 32, 64), ragged
+# requests, an empty prefix, a piece of one tile, requests cut into pieces.
+TRANSPOSED_CASES = [([0], [1], 8), ([300, 0, 4097], [1, 1, 1], 16), ([1000, 64], [2, 2], 16), ([130, 5000], [3, 4], 16),
+                    ([20000], [1], 128), ([64, 129, 7000], [2, 5, 1], 32)]
+
+
+@needs_cuda
+@needs_sm90
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", TRANSPOSED_CASES, ids=lambda c: f"P{c[0][:3]}-n{c[1][:3]}-H{c[2]}")
+def test_transposed_kernel_matches_reference(case, dtype, num_splits):
+    """The transposed e4m3 kernel (the split schedule's, chosen by fp8_kernel) at every N, alone
+    and cut into pieces, against the reference and beside the widened kernel."""
+    prefix, drafts, heads = case
+    vb, kv_scale = fp8_batch(prefix, drafts, heads, dtype=dtype, scale=0.04, device="cuda", pad_rows=3, layout="full",
+                             seed=sum(prefix) + heads)
+    ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, backend="reference")
+    for kernel in ("transposed", "widened"):
+        out, lse = run_sm90(vb, schedule="split", num_splits=num_splits, kv_scale_value=kv_scale, fp8_kernel=kernel)
+        assert_matches_reference(out, lse, ref_out, ref_lse)
+
+
+@needs_cuda
+@needs_sm90
+def test_transposed_kernel_scales_large_queries_into_fp16():
+    """bf16 q beyond fp16's range (rows of 2^10 to 2^20 times the usual size; sm_scale smaller in
+    step, so the logits stay those of ordinary rows): the transposed kernel stages q in fp16 under
+    one power of two a row block."""
+    vb, kv_scale = fp8_batch([500, 3000], [3, 1], 16, scale=0.04, device="cuda", pad_rows=2, seed=11)
+    row_sizes = 2.0 ** torch.linspace(10, 20, vb.q.shape[0] * 16, device="cuda").view(vb.q.shape[0], 16, 1)
+    vb.q = (vb.q.float() * row_sizes).to(torch.bfloat16)
+    vb.sm_scale = vb.sm_scale / 2**15
+    assert vb.q.float().abs().max() > 65504
+    ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, backend="reference")
+    out, lse = run_sm90(vb, schedule="split", num_splits=2, kv_scale_value=kv_scale, fp8_kernel="transposed")
+    assert_matches_reference(out, lse, ref_out, ref_lse)
+
+
+@needs_cuda
+@needs_sm90
+def test_transposed_kernel_is_split_only():
+    vb, kv_scale = fp8_batch([100], [2], 16, device="cuda")
+    with pytest.raises(RuntimeError, match="fp8_kernel 'transposed' takes"):
+        run_sm90(vb, schedule="persistent", ctas=4, num_splits=1, kv_scale_value=kv_scale, fp8_kernel="transposed")
+    with pytest.raises(ValueError, match="fp8_kernel"):
+        run_sm90(vb, schedule="split", kv_scale_value=kv_scale, fp8_kernel="fast")
+
+
 @needs_cuda
 def test_auto_sends_fp8_to_the_fastest_kernel(fresh_dispatch):
     from ddtree_op.backends import choose, input_class

@@ -28,9 +28,15 @@ struct TreeMask {
   int64_t q_lo;               // the request's first token
   int heads, num_draft, num_rows, prefix_len;
 
+  // The tree's bits of the tile starting at key kv0 (< the request's keys) for packed row
+  // `row` (< num_rows): a tile that reaches the drafts reads two mask words at most.
+  __device__ __forceinline__ uint64_t row_bits(int kv0, int row) const {
+    if (kv0 + 64 <= prefix_len) return ~uint64_t(0);
+    return draft_visibility(mask_words + (q_lo + row / heads) * mask_stride, kv0 - prefix_len, num_draft);
+  }
+
   // Bits of the tile starting at key kv0 for rows row and row + 8 of the block (packed rows
-  // row_base + ...), ANDed with the tile's keys that have a slot. Only tiles that reach the
-  // drafts read mask words, two at most per row.
+  // row_base + ...), ANDed with the tile's keys that have a slot.
   __device__ __forceinline__ void tile_bits(int kv0, int row_base, int my_row, uint64_t key_slots,
                                             uint64_t (&bits)[2]) const {
     bits[0] = bits[1] = key_slots;
@@ -38,10 +44,7 @@ struct TreeMask {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int row = row_base + my_row + 8 * j;
-      if (row < num_rows) {
-        const int64_t* words = mask_words + (q_lo + row / heads) * mask_stride;
-        bits[j] &= draft_visibility(words, kv0 - prefix_len, num_draft);
-      }
+      if (row < num_rows) bits[j] &= row_bits(kv0, row);
     }
   }
 };

@@ -67,6 +67,49 @@ __host__ __device__ constexpr int v_load_column(int wg, int w, int r, int q) {
   return 16 * ((16 * wg + 4 * w + r / 2) ^ (2 * q)) + 8 * (r % 2);
 }
 
+// The two e4m3 values of a word's half (the first in its low byte) as fp16x2: one instruction,
+// exact (every e4m3 value is an fp16 value). The half is picked inside the asm: a 16-bit argument
+// made by `word >> 16` costs a shift each.
+__device__ __forceinline__ uint32_t f16x2_of_e4m3x2(uint32_t word, int half) {
+  uint32_t out;
+  if (half == 0) {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(out) : "r"(word));
+  } else {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}" : "=r"(out) : "r"(word));
+  }
+  return out;
+}
+
+// S^T: K's A fragment of kSteps k-steps from the thread's words of keys r0 (e = 0) and r0 + 8
+// (e = 1): word s of key e gives registers 4 s + e (its bytes 0, 1) and 4 s + 2 + e (bytes 2, 3).
+template <int kSteps>
+__device__ __forceinline__ void widen_k_fragment(const uint32_t (&words)[2][kSteps], uint32_t* a) {
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      a[4 * s + e] = f16x2_of_e4m3x2(words[e][s], 0);
+      a[4 * s + 2 + e] = f16x2_of_e4m3x2(words[e][s], 1);
+    }
+  }
+}
+
+// O^T: V^T's A fragment of one k-step (16 keys) for kBlocks consecutive m-blocks: words[2 h + e]
+// are the thread's words of key 16 s + 8 h + 2 q + e (word bm / 2 holds m-blocks bm, bm + 1);
+// register 4 bm + p pairs byte (2 bm + p % 2) % 4 of keys e = 0, 1 of h = p / 2.
+template <int kBlocks>
+__device__ __forceinline__ void widen_v_fragment(const uint32_t (&words)[4][(kBlocks + 1) / 2], uint32_t* a) {
+#pragma unroll
+  for (int bm = 0; bm < kBlocks; ++bm) {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const int h = p / 2, b = (2 * bm + p % 2) % 4;
+      const uint32_t key0 = words[2 * h][bm / 2], key1 = words[2 * h + 1][bm / 2];
+      a[4 * bm + p] = f16x2_of_e4m3x2(__byte_perm(key0, key1, uint32_t(b | (4 + b) << 4)), 0);  // byte b of both keys
+    }
+  }
+}
+
 // P^T from S^T's accumulator by stmatrix.trans: x4 store k (0 .. N / 16 - 1) of warp w writes the
 // 8 x 8 blocks (keys 8 (2 w + b % 2) .., rows 8 (2 k + b / 2) ..) for b = 0..3, register b of a
 // lane packing its values (c = 0, 1) of accumulator rows my key + 8 (b % 2), block 2 k + b / 2.

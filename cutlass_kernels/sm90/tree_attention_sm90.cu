@@ -57,10 +57,13 @@ bool kv_boxes_enabled() {
   return enabled;
 }
 
-// The kernel for q's dtype Element, the schedule and the cache's dtype.
+// The kernel for q's dtype Element, the schedule and the cache's dtype: an e4m3 cache in the split
+// schedule by the transposed kernel unless `widened` (verify_attention_transposed.cuh).
 template <class Element>
-void launch_for_cache(bool persistent, bool fp8_kv, const VerifyParams& params, dim3 grid, cudaStream_t stream) {
-  if (persistent) {
+void launch_for_cache(bool persistent, bool fp8_kv, bool widened, const VerifyParams& params, dim3 grid, cudaStream_t stream) {
+  if (fp8_kv && !persistent && !widened) {
+    ddtree::sm90::launch_verify_attention_transposed<Element>(params, grid, stream);
+  } else if (persistent) {
     fp8_kv ? launch_verify_attention<Element, true, true>(params, grid, stream)
            : launch_verify_attention<Element, true, false>(params, grid, stream);
   } else {
@@ -74,7 +77,7 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
                          const at::Tensor& mask_words, double sm_scale, at::Tensor& out, at::Tensor& lse,
                          at::Tensor& part_out, at::Tensor& part_lse, int64_t num_splits,
                          int64_t persistent_ctas, const at::Tensor& plan, const c10::optional<at::Tensor>& status,
-                         const c10::optional<at::Tensor>& kv_scale, double kv_scale_value) {
+                         const c10::optional<at::Tensor>& kv_scale, double kv_scale_value, c10::string_view fp8_kernel) {
   const c10::cuda::CUDAGuard guard(q.device());
   TORCH_CHECK(q.dim() == 3 && q.size(2) == 576 && q.stride(2) == 1, "ddtree_op: 'q' must be [T, H, 576], last dim contiguous");
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf, "ddtree_op: 'q' must be bf16 or fp16");
@@ -100,6 +103,11 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
   TORCH_CHECK(mask_words.scalar_type() == at::kLong && mask_words.dim() == 2 && mask_words.stride(1) == 1,
               "ddtree_op: 'mask_words' must be int64 [T, W]");
   check_index_tensor(qo_indptr, "qo_indptr");
+  const std::string kernel_choice(fp8_kernel.data(), fp8_kernel.size());
+  TORCH_CHECK(kernel_choice == "auto" || kernel_choice == "transposed" || kernel_choice == "widened",
+              "ddtree_op: argument 'fp8_kernel' must be 'auto', 'transposed' or 'widened', not '", kernel_choice, "'");
+  TORCH_CHECK(kernel_choice != "transposed" || (fp8_kv && persistent_ctas == 0),
+              "ddtree_op: fp8_kernel 'transposed' takes a float8_e4m3fn kv_cache and the split schedule (persistent_ctas 0)");
   TORCH_CHECK(num_splits >= 1, "ddtree_op: num_splits must be >= 1");
   TORCH_CHECK(persistent_ctas >= 0, "ddtree_op: persistent_ctas must be >= 0");
   const int64_t tokens = q.size(0), heads = q.size(1), batch = qo_indptr.numel() - 1;
@@ -161,10 +169,11 @@ void tree_attention_sm90(const at::Tensor& q, const at::Tensor& kv_cache, const 
   const bool persistent = persistent_ctas > 0;
   const dim3 grid(static_cast<unsigned>(persistent ? persistent_ctas : split_ctas));
   const bool bf16 = q.scalar_type() == at::kBFloat16;
+  const bool widened = kernel_choice == "widened";
   if (bf16) {
-    launch_for_cache<cutlass::bfloat16_t>(persistent, fp8_kv, params, grid, stream);
+    launch_for_cache<cutlass::bfloat16_t>(persistent, fp8_kv, widened, params, grid, stream);
   } else {
-    launch_for_cache<cutlass::half_t>(persistent, fp8_kv, params, grid, stream);
+    launch_for_cache<cutlass::half_t>(persistent, fp8_kv, widened, params, grid, stream);
   }
 }
 
@@ -175,7 +184,7 @@ TORCH_LIBRARY(ddtree_sm90, m) {
       "tree_attention(Tensor q, Tensor kv_cache, Tensor qo_indptr, Tensor verify_indptr, Tensor verify_indices,"
       " Tensor mask_words, float sm_scale, Tensor(a!) out, Tensor(b!) lse, Tensor(c!) part_out,"
       " Tensor(d!) part_lse, int num_splits, int persistent_ctas, Tensor plan, Tensor(e!)? status=None,"
-      " Tensor? kv_scale=None, float kv_scale_value=1.0) -> ()");
+      " Tensor? kv_scale=None, float kv_scale_value=1.0, str fp8_kernel='auto') -> ()");
 }
 
 TORCH_LIBRARY_IMPL(ddtree_sm90, CUDA, m) { m.impl("tree_attention", &tree_attention_sm90); }

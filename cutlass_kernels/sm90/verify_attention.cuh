@@ -35,20 +35,13 @@
 #include "fp8_tile.cuh"
 #include "mainloop.cuh"
 #include "merge.cuh"
+#include "segment.cuh"
 #include "tile_scheduler.cuh"
 #include "traits.cuh"
 #include "verify_launch.cuh"
 #include "verify_params.cuh"
 
 namespace ddtree::sm90 {
-
-// Whether this thread publishes the status: the last GEMM thread of the first CTA, whose warp is
-// otherwise idle until the q tile and the first keys arrive. Read from the parameters and the
-// thread's indices where it is asked, so that nothing is held across the segment loop.
-template <class Traits>
-__device__ __forceinline__ bool publishes_status(const VerifyParams& p) {
-  return p.status.data != nullptr && blockIdx.x == 0 && threadIdx.x == Traits::kMmaThreads - 1;
-}
 
 // With kOpaque, a copy of v that the compiler cannot see through: values derived from it are not
 // hoisted out of the persistent kernel's segment loop and held live across it (that spills).
@@ -63,39 +56,6 @@ __device__ __forceinline__ uint32_t opaque_if(uint32_t v) {
   return v;
 }
 
-// The segment's geometry, as both roles derive it from the plan's segment.
-struct SegmentGeometry {
-  int64_t q_lo;
-  int num_draft, kv_lo, kv_len, num_rows, row0, kv_begin, kv_end, num_tiles;
-  float* part_rows;      // fp32 partial rows, or nullptr: out/lse directly
-  float* part_lse_rows;
-};
-
-template <class Traits, bool kPersistent>
-__device__ __forceinline__ SegmentGeometry segment_geometry(const VerifyParams& p, const Segment& seg) {
-  constexpr int kRows = Traits::kRows, kLatent = Traits::kLatent;
-  SegmentGeometry g;
-  g.q_lo = p.qo_indptr[seg.request];
-  g.num_draft = static_cast<int>(p.qo_indptr[seg.request + 1] - g.q_lo);
-  g.kv_lo = p.verify_indptr[seg.request];
-  g.kv_len = p.verify_indptr[seg.request + 1] - g.kv_lo;
-  g.num_rows = g.num_draft * p.heads;
-  g.row0 = seg.block * kRows;
-  g.kv_begin = seg.unit_begin * kUnitKeys;
-  g.kv_end = min(g.kv_len, seg.unit_end * kUnitKeys);
-  g.part_rows = g.part_lse_rows = nullptr;
-  if (seg.slot >= 0 && kPersistent) {  // [slot, 64 rows]
-    g.part_rows = p.part_out + int64_t(seg.slot) * kRows * kLatent;
-    g.part_lse_rows = p.part_lse + int64_t(seg.slot) * kRows;
-  } else if (seg.slot >= 0) {  // [slot, T * H rows]
-    const int64_t first = seg.slot * (int64_t(p.num_tokens) * p.heads) + g.q_lo * p.heads + g.row0;
-    g.part_rows = p.part_out + first * kLatent;
-    g.part_lse_rows = p.part_lse + first;
-  }
-  g.num_tiles = g.kv_end > g.kv_begin ? (g.kv_end - g.kv_begin + Traits::kKeys - 1) / Traits::kKeys : 0;
-  return g;
-}
-
 // What the gather needs of a segment, the cache's rows as KvElement.
 template <class Traits, class KvElement>
 __device__ __forceinline__ GatherPlan<Traits, KvElement> gather_plan(const VerifyParams& p, const SegmentGeometry& g) {
@@ -108,14 +68,6 @@ __device__ __forceinline__ GatherPlan<Traits, KvElement> gather_plan(const Verif
   plan.kv_end = g.kv_end;
   plan.num_tiles = g.num_tiles;
   return plan;
-}
-
-// The factor from stored to true KV values: an e4m3 cache's scale (read where it is used, after
-// the preparation, so that a replay may change it), else 1.
-template <bool kFp8Kv>
-__device__ __forceinline__ float kv_scale_of(const VerifyParams& p) {
-  if constexpr (kFp8Kv) return p.kv_scale != nullptr ? *p.kv_scale : p.kv_scale_value;
-  return 1.f;
 }
 
 // Warpgroups 0 and 1 compute (mainloop.cuh) and store (epilogue.cuh); warpgroup 2 gathers
@@ -166,16 +118,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   allow_dependent_grids();  // the split kernel's combine may launch; it waits for this grid before reading
 
   Element* const out = static_cast<Element*>(p.out);
-  // Padding rows (t >= qo_indptr[B]): out 0, lse -inf; 4 GEMM threads zero one row's 512 columns.
   auto zero_padding_block = [&](int64_t row_begin) {
-    constexpr int kThreadsPerRow = kMmaThreads / kRows;
-    const int64_t row = row_begin + threadIdx.x / kThreadsPerRow;
-    if (!gather_role && row < int64_t(p.num_tokens) * p.heads) {
-      const int64_t t = row / p.heads, h = row % p.heads;
-      Element* out_row = out + t * p.out_stride_token + h * p.out_stride_head;
-      for (int col = threadIdx.x % kThreadsPerRow; col < kLatent; col += kThreadsPerRow) out_row[col] = Element(0.f);
-      if (threadIdx.x % kThreadsPerRow == 0) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = -INFINITY;
-    }
+    if (!gather_role) zero_padding_rows<Element, kMmaThreads>(p, row_begin, threadIdx.x);
   };
 
   // The first segment: a row block of one request and a range of its keys, from the plan. Split
@@ -288,16 +232,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       gather_q<Traits>(static_cast<uint32_t>(__cvta_generic_to_shared(smem)), q_src, q_valid, tid, &st.q_full);
     }
     if (segment == 0 && publishes_status<Traits>(p)) publish_status(p.status);
-    if constexpr (!kPersistent) {
-      // The first of a row block's pieces marks its slots past the last piece as empty (LSE
-      // -inf), so that the combine gives them no weight and loads no partial from those past the
-      // shapes' splits.
-      if (seg.slot == 0 && tid < kRows && g.row0 + tid < g.num_rows) {
-        const int64_t slot_stride = int64_t(p.num_tokens) * p.heads;
-        float* const lse_rows = p.part_lse + g.q_lo * p.heads + g.row0 + tid;
-        for (int k = seg.pieces; k < kPieceSlotsPerSplit * p.num_splits; ++k) lse_rows[k * slot_stride] = -INFINITY;
-      }
-    }
+    if constexpr (!kPersistent) mark_missing_pieces(p, seg, g, tid);
     if (num_pairs > 0) {
       const long long q_waited = clock.now();
       Barrier::wait(&st.q_full, q_loads & 1);

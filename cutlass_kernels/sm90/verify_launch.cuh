@@ -15,9 +15,16 @@ namespace ddtree::sm90 {
 template <class Element, bool kPersistent, bool kFp8Kv>
 void launch_verify_attention(const VerifyParams& params, dim3 grid, cudaStream_t stream);
 
+// The transposed e4m3 kernel of the split schedule (verify_attention_transposed.cuh), q and out
+// of dtype Element.
+template <class Element>
+void launch_verify_attention_transposed(const VerifyParams& params, dim3 grid, cudaStream_t stream);
+
 }  // namespace ddtree::sm90
 
 // The explicit instantiation in one of those translation units.
 #define DDTREE_INSTANTIATE_VERIFY_ATTENTION(ELEMENT, PERSISTENT, FP8_KV)                                              \
   template void ddtree::sm90::launch_verify_attention<ELEMENT, PERSISTENT, FP8_KV>(const ddtree::sm90::VerifyParams&, dim3, \
                                                                                    cudaStream_t);
+#define DDTREE_INSTANTIATE_VERIFY_ATTENTION_TRANSPOSED(ELEMENT) \
+  template void ddtree::sm90::launch_verify_attention_transposed<ELEMENT>(const ddtree::sm90::VerifyParams&, dim3, cudaStream_t);

@@ -12,6 +12,8 @@ another schedule, makes its own in one launch.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ... import build
@@ -20,6 +22,8 @@ from ..splits import sm_count
 from .persistent_schedule import use_persistent
 from .schedule import plan_shape, sm90_splits
 
+FP8_KERNELS = ("auto", "transposed", "widened")
+
 
 def make_plan(qo_indptr, verify_indptr, num_tokens: int, heads: int, ctas: int, splits: int) -> torch.Tensor:
     """The schedule plan of a batch that the preparation did not plan for this schedule."""
@@ -27,15 +31,25 @@ def make_plan(qo_indptr, verify_indptr, num_tokens: int, heads: int, ctas: int, 
     return torch.ops.ddtree_cuda.verify_plan(qo_indptr, verify_indptr, num_tokens, heads, ctas, splits)
 
 
+def fp8_kernel_choice(fp8_kernel: str | None) -> str:
+    """The e4m3 kernel: the argument, else DDTREE_SM90_FP8_KERNEL (for A/B timing), else "auto"."""
+    choice = fp8_kernel or os.environ.get("DDTREE_SM90_FP8_KERNEL", "auto")
+    if choice not in FP8_KERNELS:
+        raise ValueError(f"ddtree_op: fp8_kernel (or DDTREE_SM90_FP8_KERNEL) must be one of {FP8_KERNELS}, not {choice!r}")
+    return choice
+
+
 def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out, lse, num_splits=None,
-                        schedule=None, ctas=None, plan=None, status=None, kv_scale=None, kv_scale_value=1.0):
+                        schedule=None, ctas=None, plan=None, status=None, kv_scale=None, kv_scale_value=1.0, fp8_kernel=None):
     """schedule: None (chosen from shapes), "split" or "persistent" (over `ctas` CTAs, by default one
     per SM). num_splits: key splits per row block (default: from shapes). plan: the preparation's
     schedule plan (prepare_verify's, made for plan_shape), or None. status: published by the
     kernel's first CTA (what prepare_verify with publish_status=False left in it), where q has
     rows; with none the kernel is not launched and the caller publishes. kv_scale (float32 [1] on
     the device) or else kv_scale_value: an e4m3 (float8_e4m3fn) cache's scale, dequantized in the
-    kernel."""
+    kernel. fp8_kernel (fp8_kernel_choice): for an e4m3 cache, "transposed" (the split schedule's
+    transposed kernel, which keeps the tiles e4m3 in shared memory; "auto" takes it wherever the
+    schedule is not given) or "widened" (the tiles widened in shared memory, either schedule)."""
     build.load_library("sm90")
     num_tokens, heads = q.shape[0], q.shape[1]
     if num_tokens == 0:
@@ -46,6 +60,9 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
     ctas = ctas or planned_ctas
     if num_splits is None:
         num_splits = sm90_splits(num_tokens, heads, batch, num_keys, ctas)
+    fp8_kernel = fp8_kernel_choice(fp8_kernel) if kv_cache.dtype == torch.float8_e4m3fn else "auto"
+    if schedule is None and fp8_kernel != "widened" and kv_cache.dtype == torch.float8_e4m3fn:
+        schedule = "split"
     if schedule is None:
         persistent = use_persistent(num_tokens, heads, batch, num_keys, ctas, num_splits)
         schedule = "persistent" if persistent else "split"
@@ -62,7 +79,7 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
         part_lse = torch.empty((slots, ROWS_PER_BLOCK), dtype=torch.float32, device=q.device)
         torch.ops.ddtree_sm90.tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale,
                                              out, lse, part_out, part_lse, num_splits, ctas, plan, status, kv_scale,
-                                             kv_scale_value)
+                                             kv_scale_value, fp8_kernel)
         return
     if num_splits > 1:  # partials [slot, row]: a row block has up to PIECE_SLOTS_PER_SPLIT * splits pieces
         slots = PIECE_SLOTS_PER_SPLIT * num_splits
@@ -71,7 +88,8 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
     else:
         part_out = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
     torch.ops.ddtree_sm90.tree_attention(q, kv_cache, qo_indptr, verify_indptr, verify_indices, mask_words, sm_scale, out,
-                                         lse, part_out, part_lse, num_splits, 0, plan, status, kv_scale, kv_scale_value)
+                                         lse, part_out, part_lse, num_splits, 0, plan, status, kv_scale, kv_scale_value,
+                                         fp8_kernel)
     if num_splits > 1:
         from ..lse_merge import combine_splits
 

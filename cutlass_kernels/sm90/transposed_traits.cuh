@@ -1,0 +1,80 @@
+// Shapes, shared memory and tensor-core atoms of the transposed e4m3 kernel
+// (verify_attention_transposed.cuh): a CTA takes the N rows of a row block (N = 16, 32 or 64:
+// the smallest that holds its rows) over its piece's keys, and computes
+//   S^T = K Q^T   (M = 64 keys of a tile, N = the rows, over 576 columns),
+//   O^T = V^T P^T (M = a warpgroup's 256 output columns in four m-blocks, N = the rows, over keys),
+// the e4m3 tile staying e4m3 in shared memory and widened to fp16 in registers as the A operand
+// of RS GEMMs (transposed_operands.cuh: the layouts). Warpgroups 0 and 1 take a pair's tiles
+// (2 i + w) and each owns 256 output columns; warpgroup 2 gathers q and the tiles.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+
+#include "../contract.cuh"
+
+namespace ddtree::sm90 {
+
+using namespace cute;
+
+// The barriers, apart from the rest of the state: their place does not depend on N, so the kernel
+// sets them up before it knows its rows. Stages up to kMaxTransposedStages.
+constexpr int kMaxTransposedStages = 5;
+struct TransposedBarriers {
+  uint64_t full[kMaxTransposedStages];   // a stage's copies (128 threads) and key bits (4 warps) are in
+  uint64_t empty[kMaxTransposedStages];  // both GEMM warpgroups are done with a stage
+  uint64_t q_full;                       // q and its scale are staged
+};
+
+template <int N>
+struct TransposedTraits {
+  static_assert(N == 16 || N == 32 || N == 64, "rows per CTA");
+  using Element = cutlass::half_t;  // the GEMMs' operands: e4m3 widens to fp16 exactly, q is scaled into its range
+  static constexpr int kRows = N, kKeys = kKeyTile, kQkDim = ddtree::kQkDim, kLatent = kLatentDim;
+  static constexpr int kRowBytes = kQkDim;  // an e4m3 key row
+  static constexpr int kChunks = kQkDim / 64;
+  static constexpr int kMmaThreads = 256;
+  static constexpr int kThreads = kMmaThreads + 128;
+  using Mma = decltype(make_tiled_mma(
+      SM90::GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<N>, _16>, GMMA::Major::K, GMMA::Major::K>()));
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<N>, Int<kQkDim>>{}));
+  using SmemLayoutP = decltype(tile_to_shape(SmemAtom{}, Shape<Int<N>, Int<kKeys>>{}));
+  // After setmaxnreg (2 x 128 x mma + 128 x gather <= 64 K): at N = 64, O^T's 128 accumulator
+  // registers need more than 224 to keep the wgmma pipeline unserialised.
+  static constexpr uint32_t kMmaRegisters = N == 64 ? 232 : 224, kGatherRegisters = N == 64 ? 40 : 56;
+  // The A operand goes in groups of kSteps k-steps of K (S^T) or kBlocks m-blocks of V^T (O^T):
+  // 16 registers a buffer; at N = 64 8 (two groups a chunk or k-step) and two buffers, or the
+  // wgmma pipeline is serialised (C7512) beside O^T's 128 accumulator registers.
+  static constexpr int kSplit = N == 64 ? 2 : 1, kSteps = 4 / kSplit, kBlocks = 4 / kSplit;
+  // A buffers: a group waits for the one kBuffers back, so kBuffers - 1 groups stay in flight.
+  static constexpr int kBuffers = N == 64 ? 2 : 4;
+  static constexpr int kQBytes = N * kQkDim * 2;
+  static constexpr int kStageBytes = kKeys * kRowBytes;
+  // e4m3 stages: as many as fit beside q (a tile's 36 KB is ~1.4 us of an SM's share of the
+  // bandwidth, about one memory latency).
+  static constexpr int kStages = N == 64 ? 3 : 5;
+  static_assert(kStages <= kMaxTransposedStages, "TransposedBarriers holds them");
+  static constexpr int kStagesOffset = kQBytes;
+  static constexpr int kPOffset = kStagesOffset + kStages * kStageBytes;  // P0, then P1
+  static constexpr int kPBytes = N * kKeys * 2;
+  struct State {
+    alignas(8) uint16_t key_bits[kStages][4];  // [stage][warp]: the warp's 16 keys that have a slot (one 64-bit word a stage)
+    float partial[2][4][N];  // [warpgroup][warp][row]: a warp's maximum (or sum) of a row
+    float row_max[2][N];     // each warpgroup's copy of the row's reference maximum (base 2, softmax.cuh)
+    float row_scale[2][N];   // its rescale factor of the current pair (at the end: the output factor)
+    float q_absmax[4];       // the gather warps' largest |q|
+    float logit_scale;       // sm_scale x log2(e) x kv_scale / q's staging scale
+  };
+  static constexpr int kStateOffset = kPOffset + 2 * kPBytes;
+  static constexpr int kSmemBytes = kStateOffset + int(sizeof(State));
+  // + 1 KB of alignment slack (the swizzled tiles want 1 KB alignment), the barriers static.
+  static_assert(kSmemBytes + 1024 + int(sizeof(TransposedBarriers)) <= 227 * 1024, "fits an SM");
+};
+
+// The dynamic shared memory of the kernel, which takes any of the three.
+constexpr int kTransposedSmemBytes =
+    cute::max(TransposedTraits<16>::kSmemBytes, cute::max(TransposedTraits<32>::kSmemBytes, TransposedTraits<64>::kSmemBytes));
+
+}  // namespace ddtree::sm90
