@@ -79,11 +79,17 @@ def timed_variants(case, backend: str, fp8_kernels: list[str]) -> dict[str, floa
         return time_graph([step_launches(case, variant, backend, seed) for seed in range(sets)])
 
     times = {v: timed(v) for v in VARIANTS[:2]}
-    for kernel in fp8_kernels:
-        os.environ["DDTREE_SM90_FP8_KERNEL"] = kernel
-        for v in VARIANTS[2:]:
-            times[f"{v}/{kernel}"] = timed(v)
-    os.environ.pop("DDTREE_SM90_FP8_KERNEL", None)
+    before = os.environ.get("DDTREE_SM90_FP8_KERNEL")
+    try:
+        for kernel in fp8_kernels:
+            os.environ["DDTREE_SM90_FP8_KERNEL"] = kernel
+            for v in VARIANTS[2:]:
+                times[f"{v}/{kernel}"] = timed(v)
+    finally:
+        if before is None:
+            os.environ.pop("DDTREE_SM90_FP8_KERNEL", None)
+        else:
+            os.environ["DDTREE_SM90_FP8_KERNEL"] = before
     return times
 
 

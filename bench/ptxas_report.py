@@ -30,7 +30,7 @@ PROBES = Path(__file__).resolve().parent / "probes"
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGISTERS = re.compile(r"Used (\d+) registers")
-_SERIALISED = re.compile(r"\((C75\d\d)\) Potential Performance Loss: (.*?) in the function '([^']+)'")
+_SERIALISED = re.compile(r"\((C75\d\d)\) Potential Performance Loss: (.*?) (?:in|for) the function '([^']+)'")
 
 
 @dataclass

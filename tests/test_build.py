@@ -17,8 +17,10 @@ def test_each_library_has_its_sources():
     prep = {p.name for p in build.cuda_sources("prep")}
     sm90 = {p.name for p in build.cuda_sources("sm90")}
     assert {"verify_indices.cu", "tree_mask.cu", "registration.cpp"} <= prep
-    assert sm90 == {"tree_attention_sm90.cu"} | {f"verify_attention_{dtype}{cache}_{schedule}.cu" for dtype in ("bf16", "fp16")
-                                                  for cache in ("", "_fp8") for schedule in ("split", "persistent")}
+    assert sm90 == ({"tree_attention_sm90.cu"}
+                    | {f"verify_attention_{dtype}{cache}_{schedule}.cu" for dtype in ("bf16", "fp16") for cache in ("", "_fp8")
+                       for schedule in ("split", "persistent")}
+                    | {f"verify_attention_{dtype}_fp8_transposed.cu" for dtype in ("bf16", "fp16")})
 
 
 def test_build_key_depends_on_arch_and_library_and_is_stable():

@@ -79,7 +79,12 @@ __device__ __forceinline__ void stage_scaled_q(const TransposedGatherPlan<Elemen
   cutlass::arch::NamedBarrier::sync(128, kQScaleBarrier);
   const int k = q_scale_exponent(fmaxf(fmaxf(st.q_absmax[0], st.q_absmax[1]), fmaxf(st.q_absmax[2], st.q_absmax[3])));
   const float to_stage = ldexpf(1.f, -k);
-  if (t == 0) st.logit_scale = plan.scale_log2 * ldexpf(1.f, k);
+  if (t == 0) {
+    // A zero scale would make a masked logit's -inf times it NaN; the smallest normal float gives
+    // the same softmax (every logit ~0).
+    const float logit_scale = plan.scale_log2 * ldexpf(1.f, k);
+    st.logit_scale = logit_scale == 0.f ? FLT_MIN : logit_scale;
+  }
   for (int idx = t; idx < N * kUnits; idx += 128) {
     uint4 v;
     piece_of(idx, v);

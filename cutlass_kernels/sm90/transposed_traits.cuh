@@ -48,8 +48,9 @@ struct TransposedTraits {
   // 16 registers a buffer; at N = 64 8 (two groups a chunk or k-step) and two buffers, or the
   // wgmma pipeline is serialised (C7512) beside O^T's 128 accumulator registers.
   static constexpr int kSplit = N == 64 ? 2 : 1, kSteps = 4 / kSplit, kBlocks = 4 / kSplit;
-  // A buffers: a group waits for the one kBuffers back, so kBuffers - 1 groups stay in flight.
-  static constexpr int kBuffers = N == 64 ? 2 : 4;
+  // A buffers: a group waits for the one kBuffers back, so kBuffers - 1 groups stay in flight
+  // (at N = 32 four serialise the wgmma pipeline beside O^T's 64 accumulator registers: C7512).
+  static constexpr int kBuffers = N == 64 ? 2 : N == 32 ? 3 : 4;
   static constexpr int kQBytes = N * kQkDim * 2;
   static constexpr int kStageBytes = kKeys * kRowBytes;
   // e4m3 stages: as many as fit beside q (a tile's 36 KB is ~1.4 us of an SM's share of the

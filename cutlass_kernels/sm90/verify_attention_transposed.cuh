@@ -118,10 +118,7 @@ __device__ __forceinline__ void transposed_piece(const VerifyParams& p, const Se
     plan.kv_begin = g.kv_begin;
     plan.kv_end = g.kv_end;
     plan.num_tiles = g.num_tiles;
-    const float scale_log2 = p.scale_log2 * kv_scale_of<true>(p);
-    // A zero scale would make a masked logit's -inf times it NaN; the smallest normal float gives
-    // the same softmax (every logit ~0).
-    plan.scale_log2 = scale_log2 == 0.f ? FLT_MIN : scale_log2;
+    plan.scale_log2 = p.scale_log2 * kv_scale_of<true>(p);
     transposed_gather<N>(plan, st, bars, smem, t);
     return;
   }

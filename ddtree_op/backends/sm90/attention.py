@@ -47,9 +47,10 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
     kernel's first CTA (what prepare_verify with publish_status=False left in it), where q has
     rows; with none the kernel is not launched and the caller publishes. kv_scale (float32 [1] on
     the device) or else kv_scale_value: an e4m3 (float8_e4m3fn) cache's scale, dequantized in the
-    kernel. fp8_kernel (fp8_kernel_choice): for an e4m3 cache, "transposed" (the split schedule's
-    transposed kernel, which keeps the tiles e4m3 in shared memory; "auto" takes it wherever the
-    schedule is not given) or "widened" (the tiles widened in shared memory, either schedule)."""
+    kernel. fp8_kernel, for an e4m3 cache: "transposed" (the split schedule's transposed kernel,
+    which keeps the tiles e4m3 in shared memory), "widened" (the tiles widened in shared memory,
+    either schedule) or "auto" (the transposed kernel in the split schedule, which it also picks
+    where the schedule is not given); None: fp8_kernel_choice's where the schedule is not given."""
     build.load_library("sm90")
     num_tokens, heads = q.shape[0], q.shape[1]
     if num_tokens == 0:
@@ -60,8 +61,11 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
     ctas = ctas or planned_ctas
     if num_splits is None:
         num_splits = sm90_splits(num_tokens, heads, batch, num_keys, ctas)
-    fp8_kernel = fp8_kernel_choice(fp8_kernel) if kv_cache.dtype == torch.float8_e4m3fn else "auto"
-    if schedule is None and fp8_kernel != "widened" and kv_cache.dtype == torch.float8_e4m3fn:
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn
+    if fp8_kernel is None and (not fp8 or schedule is not None):
+        fp8_kernel = "auto"  # the environment's choice is for calls that leave the schedule to shapes
+    fp8_kernel = fp8_kernel_choice(fp8_kernel)
+    if schedule is None and fp8 and fp8_kernel != "widened":
         schedule = "split"
     if schedule is None:
         persistent = use_persistent(num_tokens, heads, batch, num_keys, ctas, num_splits)
