@@ -11,7 +11,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from conftest import brute_force_verify, needs_cuda, relative_error, run_interpreter_script
-from gpu_cases import assert_matches_reference, capture, cuda_backends, needs_sm90, run_sm90
+from gpu_cases import assert_matches_reference, blank_rows, capture, cuda_backends, needs_sm90, run_sm90
 from ddtree_op import mla_tree_verify, ops
 from ddtree_op.api import mask_words_per_row
 from ddtree_op.synthetic import make_verify_batch
@@ -238,10 +238,25 @@ def test_transposed_kernel_matches_reference(case, dtype, num_splits):
 
 @needs_cuda
 @needs_sm90
+def test_transposed_kernel_rows_that_see_nothing_and_auto_takes_it():
+    """Rows that see no key (an empty prefix, a blank tree row): out 0, lse -inf; and `auto` runs
+    the transposed kernel (bit for bit) where the schedule is split."""
+    vb, kv_scale = fp8_batch([0, 40, 3000], [3, 4, 2], 16, scale=0.04, device="cuda", pad_rows=2, seed=5)
+    vb = blank_rows(vb)
+    ref_out, ref_lse = mla_tree_verify(vb.q, vb.kv_cache, **vb.kwargs(), kv_scale=kv_scale, backend="reference")
+    assert torch.isinf(ref_lse).any()
+    out, lse = run_sm90(vb, schedule="split", num_splits=2, kv_scale_value=kv_scale, fp8_kernel="transposed")
+    assert_matches_reference(out, lse, ref_out, ref_lse)
+    auto_out, auto_lse = run_sm90(vb, schedule="split", num_splits=2, kv_scale_value=kv_scale)
+    assert torch.equal(auto_out, out) and torch.equal(auto_lse, lse)
+
+
+@needs_cuda
+@needs_sm90
 def test_transposed_kernel_scales_large_queries_into_fp16():
-    """bf16 q beyond fp16's range (rows of 2^10 to 2^20 times the usual size; sm_scale smaller in
-    step, so the logits stay those of ordinary rows): the transposed kernel stages q in fp16 under
-    one power of two a row block."""
+    """bf16 q beyond fp16's range (rows of 2^10 to 2^20 times the usual size, sm_scale 2^-15 times,
+    so the logits are 2^-5 to 2^5 times ordinary ones): the transposed kernel stages q in fp16
+    under one power of two a row block."""
     vb, kv_scale = fp8_batch([500, 3000], [3, 1], 16, scale=0.04, device="cuda", pad_rows=2, seed=11)
     row_sizes = 2.0 ** torch.linspace(10, 20, vb.q.shape[0] * 16, device="cuda").view(vb.q.shape[0], 16, 1)
     vb.q = (vb.q.float() * row_sizes).to(torch.bfloat16)
