@@ -4,12 +4,11 @@ ptxas says it serialised a kernel's wgmma instructions ("Potential Performance L
 ptxas prints those notes as info lines, so a check for errors, warnings and spills misses them, and
 a serialised kernel runs ~1.2-1.4x slower (kernel log, twenty-first session).
 
-    python -m bench.ptxas_report [--library sm90|prep|all|probes] [--only SUBSTRING] [--define NAME=VALUE]...
+    python -m bench.ptxas_report [--library sm90|prep|all] [--only SUBSTRING] [--define NAME=VALUE]...
                                  [--jobs N] [--out FILE]
 
 Run it from the root of the tree to check (a checkout or a `.snap/` tree): the sources are those of
-the `ddtree_op` that Python imports; `probes` compiles the GPU probes' kernels (bench/probes/, torch
-extensions built on the sm90 headers) instead. Exits 1 if a kernel spills or has its wgmma serialised.
+the `ddtree_op` that Python imports. Exits 1 if a kernel spills or has its wgmma serialised.
 """
 
 from __future__ import annotations
@@ -19,14 +18,12 @@ import os
 import re
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ARCH = "90a"
-PROBES = Path(__file__).resolve().parent / "probes"
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
 _SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGISTERS = re.compile(r"Used (\d+) registers")
@@ -81,15 +78,9 @@ def compile_jobs(library: str, only: str | None, stub_dir: Path) -> list[tuple[P
     from ddtree_op.build import cuda_sources, include_dirs
 
     include_torch = _torch_include_dirs(stub_dir)
-    if library == "probes":  # torch extensions: pybind11 wants Python's headers and a module name
-        sources = sorted(PROBES.glob("*.cu"))
-        extra = [f"-DTORCH_EXTENSION_NAME={source.stem}" for source in sources]
-        include = include_dirs("sm90") + include_torch + [sysconfig.get_paths()["include"]]
-        jobs = [(source, [flag], include) for source, flag in zip(sources, extra)]
-    else:
-        libraries = ["prep", "sm90"] if library == "all" else [library]
-        jobs = [(source, [], include_dirs(name) + include_torch) for name in libraries for source in cuda_sources(name)
-                if source.suffix == ".cu"]
+    libraries = ["prep", "sm90"] if library == "all" else [library]
+    jobs = [(source, [], include_dirs(name) + include_torch) for name in libraries for source in cuda_sources(name)
+            if source.suffix == ".cu"]
     return [job for job in jobs if only is None or only in job[0].name]
 
 
@@ -107,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     from ddtree_op.build import cuda_build_flags, kernel_source_dir
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--library", default="sm90", choices=["sm90", "prep", "all", "probes"])
+    parser.add_argument("--library", default="sm90", choices=["sm90", "prep", "all"])
     parser.add_argument("--only", default=None, help="only sources whose name contains this")
     parser.add_argument("--define", action="append", default=[], metavar="NAME=VALUE",
-                        help="a macro for every source (a probe's PROBE_VARIANT, say)")
+                        help="a macro for every source (a variant's switch, say)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=None, help="write ptxas's whole output here")
     args = parser.parse_args(argv)
@@ -121,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             texts = list(pool.map(lambda job: compile_report(job[0], flags + job[1], job[2], Path(tmp)), jobs))
 
-    root = PROBES if args.library == "probes" else kernel_source_dir()
+    root = kernel_source_dir()
     failed = 0
     log = []
     for (source, _, _), text in zip(jobs, texts):

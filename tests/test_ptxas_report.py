@@ -32,3 +32,11 @@ def test_a_kernel_without_spills_or_notes_is_clean():
     clean_text = "\n".join(_SERIALISED.splitlines()[:3]) + "\nptxas info    : Used 96 registers\n"
     (kernel,) = parse_ptxas(clean_text)
     assert kernel.clean and kernel.registers == 96
+
+
+def test_the_note_that_names_the_function_with_for_is_read_too():
+    """CUDA 13.0's C7512 says "... for the function '...'" (C7511 says "in the function")."""
+    text = _SERIALISED.replace("for the wgmma pipeline in the function", "for the function").replace("C7511", "C7512")
+    first, _ = parse_ptxas(text)
+    assert first.serialised == ["C7512: wgmma.mma_async instructions are serialized due to insufficient register resources"]
+    assert not first.clean
