@@ -2,7 +2,7 @@
 
 import pytest
 
-from ddtree_op.backends.sm90.schedule import num_kv_splits_whole_tiles
+from ddtree_op.backends.sm90.schedule import fp8_kernel_for_shapes, num_kv_splits_whole_tiles
 from ddtree_op.backends.triton.schedule import num_kv_splits
 from ddtree_op.contract import TRITON_MAX_SPLITS as MAX_SPLITS
 
@@ -49,3 +49,16 @@ def test_whole_tile_splits_round_up():
     assert num_kv_splits_whole_tiles(4, 16, 1, 8196, SMS, 64, 1, 128, 128) == 65
     assert num_kv_splits_whole_tiles(4, 16, 1, 65540, SMS, 64, 1, 128, 128) == 128  # the cap
     assert num_kv_splits_whole_tiles(4, 16, 8, 8 * 1028, SMS, 64, 1, 128, 128) == 9  # 8 row blocks: 16 fit
+
+
+@pytest.mark.parametrize("shape,kernel", [
+    ((32, 16, 32, 8193 * 32, 16), "transposed"),   # H16 q_len 1, B32: 16 rows a request
+    ((64, 16, 32, 8194 * 32, 8), "transposed"),    # q_len 2: 32 rows
+    ((8, 16, 8, 8193 * 8, 65), "transposed"),      # 126 keys a piece, but 16 rows
+    ((128, 16, 32, 8196 * 32, 4), "transposed"),   # 64 rows, 2049 keys a piece
+    ((32, 16, 8, 8196 * 8, 16), "widened"),        # 64 rows, 512 keys a piece
+    ((8, 128, 8, 8193 * 8, 8), "widened"),         # 128 rows, 1024 keys a piece
+    ((32, 128, 8, 8196 * 8, 2), "transposed"),     # 512 rows, 4098 keys a piece
+])
+def test_fp8_kernel_for_shapes_follows_the_measured_crossover(shape, kernel):
+    assert fp8_kernel_for_shapes(*shape) == kernel

@@ -20,7 +20,7 @@ from ... import build
 from ...contract import LATENT_DIM, PARTIAL_SLOTS_PER_CTA, PIECE_SLOTS_PER_SPLIT, ROWS_PER_BLOCK
 from ..splits import sm_count
 from .persistent_schedule import use_persistent
-from .schedule import plan_shape, sm90_splits
+from .schedule import fp8_kernel_for_shapes, plan_shape, sm90_splits
 
 FP8_KERNELS = ("auto", "transposed", "widened")
 
@@ -49,8 +49,9 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
     the device) or else kv_scale_value: an e4m3 (float8_e4m3fn) cache's scale, dequantized in the
     kernel. fp8_kernel, for an e4m3 cache: "transposed" (the split schedule's transposed kernel,
     which keeps the tiles e4m3 in shared memory), "widened" (the tiles widened in shared memory,
-    either schedule) or "auto" (the transposed kernel in the split schedule, which it also picks
-    where the schedule is not given); None: fp8_kernel_choice's where the schedule is not given."""
+    either schedule) or "auto" (where the schedule is not given, the one schedule.py's
+    fp8_kernel_for_shapes names, the transposed one in the split schedule; where it is split, the
+    transposed one); None: fp8_kernel_choice's where the schedule is not given."""
     build.load_library("sm90")
     num_tokens, heads = q.shape[0], q.shape[1]
     if num_tokens == 0:
@@ -65,7 +66,9 @@ def tree_attention_sm90(q, kv_cache, qo_indptr, verify_indptr, verify_indices, m
     if fp8_kernel is None and (not fp8 or schedule is not None):
         fp8_kernel = "auto"  # the environment's choice is for calls that leave the schedule to shapes
     fp8_kernel = fp8_kernel_choice(fp8_kernel)
-    if schedule is None and fp8 and fp8_kernel != "widened":
+    if fp8 and schedule is None and fp8_kernel == "auto":
+        fp8_kernel = fp8_kernel_for_shapes(num_tokens, heads, batch, num_keys, num_splits)
+    if schedule is None and fp8 and fp8_kernel == "transposed":
         schedule = "split"
     if schedule is None:
         persistent = use_persistent(num_tokens, heads, batch, num_keys, ctas, num_splits)
