@@ -3,7 +3,7 @@
 # in parallel; the FP8 sm90 tests (${FP8_TESTS}) of the trees in ${TEST_TREES} (default: the first),
 # side by side; then, per tree one after another,
 # the whole step with the bf16 cache and with the FP8 cache (bench/paged_fp8.py's slot layouts,
-# backend sm90) on ${FP8_CASES}, as the ratio fp8 / bf16 within each tree; with TRITON_TOO=1 the
+# backend sm90; cases: bench.cases.case_named) on ${FP8_CASES}, as the ratio fp8 / bf16 within each tree; with TRITON_TOO=1 the
 # first tree's Triton kernel on the FP8 cache too (the backend `auto` chose for FP8 before).
 # TEST_TREES= (set, empty) runs no tests. WAIT_CLOCKS=1 builds the trees in ${CLOCK_TREES} (default:
 # the first) with -DDDTREE_WAIT_CLOCKS too and, after the steps, prints their wait clocks and
@@ -42,19 +42,17 @@ for tree in "$@"; do
   echo "== $tree"
   in_snap_tree "$tree" timeout "${GRID_S:-150}" python3 - "$cases" "$([ "$tree" = "$1" ] && echo "${TRITON_TOO:-0}")" <<'PY' 2>&1 | grep -v DEBUG | tee "$OUT/steps_$tree.txt"
 import sys
-from bench.cases import all_cases
+from bench.cases import case_named
 from bench.paged_fp8 import step_launches
 from bench.verify import input_set_count, time_graph
-names = set(sys.argv[1].split(","))
-for case in all_cases():
-    if case.name in names:
-        sets = input_set_count(case)
-        t = {v: time_graph([step_launches(case, v, "sm90", seed) for seed in range(sets)]) for v in ("slot", "slot_fp8")}
-        line = f"{case.name:28s} bf16 {t['slot'] * 1e6:8.1f}us  fp8 {t['slot_fp8'] * 1e6:8.1f}us  fp8/bf16 {t['slot_fp8'] / t['slot']:.3f}"
-        if sys.argv[2] == "1":
-            triton = time_graph([step_launches(case, "slot_fp8", "triton", seed) for seed in range(sets)])
-            line += f"  triton fp8 {triton * 1e6:8.1f}us ({triton / t['slot']:.3f} of sm90 bf16)"
-        print(line, flush=True)
+for case in map(case_named, sys.argv[1].split(",")):
+    sets = input_set_count(case)
+    t = {v: time_graph([step_launches(case, v, "sm90", seed) for seed in range(sets)]) for v in ("slot", "slot_fp8")}
+    line = f"{case.name:28s} bf16 {t['slot'] * 1e6:8.1f}us  fp8 {t['slot_fp8'] * 1e6:8.1f}us  fp8/bf16 {t['slot_fp8'] / t['slot']:.3f}"
+    if sys.argv[2] == "1":
+        triton = time_graph([step_launches(case, "slot_fp8", "triton", seed) for seed in range(sets)])
+        line += f"  triton fp8 {triton * 1e6:8.1f}us ({triton / t['slot']:.3f} of sm90 bf16)"
+    print(line, flush=True)
 PY
 done
 if [ "${WAIT_CLOCKS:-0}" = 1 ]; then
