@@ -96,9 +96,8 @@ def timed_variants(case, backend: str, fp8_kernels: list[str]) -> dict[str, floa
 def main(argv=None) -> None:
     """Times the whole verify step per case in the four variants (CUDA-graph replays over
     rotating input sets, as bench/verify.py), the FP8 ones with each sm90 FP8 kernel:
-    `python -m bench.paged_fp8 [CASE,CASE,...] [BACKEND] [KERNEL,KERNEL,...]` (cases: bench.cases.case_named;
-    kernels: "auto",
-    "transposed", "widened"; default "auto")."""
+    `python -m bench.paged_fp8 [CASE,CASE,...] [BACKEND] [KERNEL,KERNEL,...]` (cases:
+    bench.cases.case_named; kernels: "auto", "transposed", "widened"; default "auto")."""
     import sys
 
     from bench.cases import all_cases, case_named

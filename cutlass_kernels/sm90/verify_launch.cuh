@@ -1,6 +1,7 @@
-// The launch of the sm_90a verify kernel, declared for the host side (tree_attention_sm90.cu) and
-// defined in verify_attention.cuh. Each (dtype, cache, schedule) is instantiated in a translation
-// unit of its own (verify_attention_<dtype>[_fp8]_<schedule>.cu), so that ninja compiles the eight in parallel.
+// The launches of the sm_90a verify kernels, declared for the host side (tree_attention_sm90.cu)
+// and defined in verify_attention.cuh and verify_attention_transposed.cuh. Each (dtype, cache,
+// schedule) is instantiated in a translation unit of its own (verify_attention_<dtype>[_fp8]_<schedule>.cu,
+// verify_attention_<dtype>_fp8_transposed.cu), so that ninja compiles the ten in parallel.
 #pragma once
 
 #include <cuda_runtime.h>
