@@ -62,9 +62,10 @@ __device__ __forceinline__ float kv_scale_of(const VerifyParams& p) {
 
 // Padding rows (t >= qo_indptr[B]) of the 64-row block from packed row row_begin: out 0, lse
 // -inf; kMmaThreads / 64 threads zero one row's 512 columns, thread `thread` (< kMmaThreads) its
-// share.
+// share. The index is unsigned (threadIdx.x's type): divided as a signed int it needs a register
+// more, and the persistent e4m3 kernel spills.
 template <class Element, int kMmaThreads>
-__device__ __forceinline__ void zero_padding_rows(const VerifyParams& p, int64_t row_begin, int thread) {
+__device__ __forceinline__ void zero_padding_rows(const VerifyParams& p, int64_t row_begin, uint32_t thread) {
   constexpr int kThreadsPerRow = kMmaThreads / kRowsPerBlock;
   const int64_t row = row_begin + thread / kThreadsPerRow;
   if (row < int64_t(p.num_tokens) * p.heads) {
@@ -72,6 +73,20 @@ __device__ __forceinline__ void zero_padding_rows(const VerifyParams& p, int64_t
     Element* const out_row = static_cast<Element*>(p.out) + t * p.out_stride_token + h * p.out_stride_head;
     for (int col = thread % kThreadsPerRow; col < kLatentDim; col += kThreadsPerRow) out_row[col] = Element(0.f);
     if (thread % kThreadsPerRow == 0) p.lse[t * p.lse_stride_token + h * p.lse_stride_head] = -INFINITY;
+  }
+}
+
+// Split schedule, a CTA past the plan's pieces: the padding rows, in blocks of 64 over the CTAs past
+// the pieces (the grid has at least one more CTA than the plan has pieces); thread `thread` (<
+// kMmaThreads) its share of each.
+template <class Element, int kMmaThreads>
+__device__ __forceinline__ void zero_padding_past_pieces(const VerifyParams& p, const PlanView& schedule, int cta, int ctas,
+                                                         uint32_t thread) {
+  const int pieces = static_cast<int>(min(schedule.header(kPlanPieces), int64_t(ctas)));
+  const int64_t padding_begin = p.qo_indptr[p.batch] * p.heads;
+  for (int64_t r = padding_begin + int64_t(cta - pieces) * kRowsPerBlock; cta >= pieces && r < int64_t(p.num_tokens) * p.heads;
+       r += int64_t(ctas - pieces) * kRowsPerBlock) {
+    zero_padding_rows<Element, kMmaThreads>(p, r, thread);
   }
 }
 

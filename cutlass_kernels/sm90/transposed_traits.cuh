@@ -31,7 +31,7 @@ template <int N>
 struct TransposedTraits {
   static_assert(N == 16 || N == 32 || N == 64, "rows per CTA");
   using Element = cutlass::half_t;  // the GEMMs' operands: e4m3 widens to fp16 exactly, q is scaled into its range
-  static constexpr int kRows = N, kKeys = kKeyTile, kQkDim = ddtree::kQkDim, kLatent = kLatentDim;
+  static constexpr int kKeys = kKeyTile, kQkDim = ddtree::kQkDim;
   static constexpr int kRowBytes = kQkDim;  // an e4m3 key row
   static constexpr int kChunks = kQkDim / 64;
   static constexpr int kMmaThreads = 256;

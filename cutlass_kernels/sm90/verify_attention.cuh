@@ -148,14 +148,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       return;
     }
   } else if (!plan_piece(schedule, p.heads, p.num_splits, block, seg)) {
-    // Past the pieces: the padding rows, in blocks of 64 over the CTAs past the pieces (the grid
-    // has at least one more CTA than the plan has pieces).
-    const int pieces = static_cast<int>(min(schedule.header(kPlanPieces), int64_t(ctas)));
-    const int64_t padding_begin = p.qo_indptr[p.batch] * p.heads;
-    for (int64_t r = padding_begin + int64_t(block - pieces) * kRows; block >= pieces && r < int64_t(p.num_tokens) * p.heads;
-         r += int64_t(ctas - pieces) * kRows) {
-      zero_padding_block(r);
-    }
+    if (!gather_role) zero_padding_past_pieces<Element, kMmaThreads>(p, schedule, block, ctas, threadIdx.x);
     if (publishes_status<Traits>(p)) publish_status(p.status);
     return;
   }

@@ -171,16 +171,8 @@ __global__ void __launch_bounds__(TransposedTraits<16>::kThreads, 1)
   const int block = blockIdx.x, ctas = static_cast<int>(gridDim.x);
   Segment seg{};
   if (!plan_piece(schedule, p.heads, p.num_splits, block, seg)) {
-    // Past the pieces: the padding rows, in blocks of 64 over the CTAs past the pieces (the grid
-    // has at least one more CTA than the plan has pieces).
-    const int pieces = static_cast<int>(min(schedule.header(kPlanPieces), int64_t(ctas)));
-    const int64_t padding_begin = p.qo_indptr[p.batch] * p.heads;
     constexpr int kMmaThreads = TransposedTraits<16>::kMmaThreads;
-    for (int64_t r = padding_begin + int64_t(block - pieces) * kRowsPerBlock;
-         block >= pieces && threadIdx.x < kMmaThreads && r < int64_t(p.num_tokens) * p.heads;
-         r += int64_t(ctas - pieces) * kRowsPerBlock) {
-      zero_padding_rows<Element, kMmaThreads>(p, r, threadIdx.x);
-    }
+    if (threadIdx.x < kMmaThreads) zero_padding_past_pieces<Element, kMmaThreads>(p, schedule, block, ctas, threadIdx.x);
     if (publishes_status<VerifyTraits<Element>>(p)) publish_status(p.status);
     return;
   }
