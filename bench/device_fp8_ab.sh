@@ -43,14 +43,12 @@ for tree in "$@"; do
   in_snap_tree "$tree" timeout "${GRID_S:-150}" python3 - "$cases" "$([ "$tree" = "$1" ] && echo "${TRITON_TOO:-0}")" <<'PY' 2>&1 | grep -v DEBUG | tee "$OUT/steps_$tree.txt"
 import sys
 from bench.cases import case_named
-from bench.paged_fp8 import step_launches
-from bench.verify import input_set_count, time_graph
+from bench.paged_fp8 import time_step
 for case in map(case_named, sys.argv[1].split(",")):
-    sets = input_set_count(case)
-    t = {v: time_graph([step_launches(case, v, "sm90", seed) for seed in range(sets)]) for v in ("slot", "slot_fp8")}
+    t = {v: time_step(case, v, "sm90") for v in ("slot", "slot_fp8")}
     line = f"{case.name:28s} bf16 {t['slot'] * 1e6:8.1f}us  fp8 {t['slot_fp8'] * 1e6:8.1f}us  fp8/bf16 {t['slot_fp8'] / t['slot']:.3f}"
     if sys.argv[2] == "1":
-        triton = time_graph([step_launches(case, "slot_fp8", "triton", seed) for seed in range(sets)])
+        triton = time_step(case, "slot_fp8", "triton")
         line += f"  triton fp8 {triton * 1e6:8.1f}us ({triton / t['slot']:.3f} of sm90 bf16)"
     print(line, flush=True)
 PY

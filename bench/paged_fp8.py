@@ -5,6 +5,9 @@ cache, plus the byte count the FP8 floor is measured against. `python -m bench.p
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 
 from ddtree_op.synthetic_paged import PagedBatch, make_paged_batch
@@ -66,30 +69,35 @@ def step_launches(case, variant: str, backend: str = "auto", seed: int = 0):
 VARIANTS = ("slot", "paged", "slot_fp8", "paged_fp8")
 
 
-def timed_variants(case, backend: str, fp8_kernels: list[str]) -> dict[str, float]:
-    """Seconds a step of each variant, the FP8 ones once per sm90 FP8 kernel (named "slot_fp8/K"),
-    all in this run: the kernel is read when a step is captured (DDTREE_SM90_FP8_KERNEL)."""
-    import os
-
+def time_step(case, variant: str, backend: str = "auto") -> float:
+    """Seconds a step of `variant` (step_launches) takes, over the case's rotating input sets."""
     from bench.verify import input_set_count, time_graph
 
-    sets = input_set_count(case)
+    return time_graph([step_launches(case, variant, backend, seed) for seed in range(input_set_count(case))])
 
-    def timed(variant):
-        return time_graph([step_launches(case, variant, backend, seed) for seed in range(sets)])
 
-    times = {v: timed(v) for v in VARIANTS[:2]}
+@contextlib.contextmanager
+def sm90_fp8_kernel(kernel: str):
+    """DDTREE_SM90_FP8_KERNEL = kernel within the block (read when a step is captured), then as it was."""
     before = os.environ.get("DDTREE_SM90_FP8_KERNEL")
+    os.environ["DDTREE_SM90_FP8_KERNEL"] = kernel
     try:
-        for kernel in fp8_kernels:
-            os.environ["DDTREE_SM90_FP8_KERNEL"] = kernel
-            for v in VARIANTS[2:]:
-                times[f"{v}/{kernel}"] = timed(v)
+        yield
     finally:
         if before is None:
             os.environ.pop("DDTREE_SM90_FP8_KERNEL", None)
         else:
             os.environ["DDTREE_SM90_FP8_KERNEL"] = before
+
+
+def timed_variants(case, backend: str, fp8_kernels: list[str]) -> dict[str, float]:
+    """Seconds a step of each variant, the FP8 ones once per sm90 FP8 kernel (named "slot_fp8/K"),
+    all in this run."""
+    times = {v: time_step(case, v, backend) for v in VARIANTS[:2]}
+    for kernel in fp8_kernels:
+        with sm90_fp8_kernel(kernel):
+            for v in VARIANTS[2:]:
+                times[f"{v}/{kernel}"] = time_step(case, v, backend)
     return times
 
 

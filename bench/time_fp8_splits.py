@@ -12,52 +12,41 @@ against itself. Same timing as bench/verify.py (CUDA-graph replays over rotating
 
 from __future__ import annotations
 
-import os
 import sys
 
 import torch
 
 import ddtree_op.backends.sm90.attention as sm90_attention
 from bench.cases import case_named
-from bench.paged_fp8 import step_launches
-from bench.verify import input_set_count, time_graph
+from bench.paged_fp8 import sm90_fp8_kernel, time_step
 from ddtree_op.backends.sm90.schedule import plan_shape
 from ddtree_op.backends.splits import sm_count
 
 DEFAULT_SPLITS = (1, 2, 4, 8, 16, 32)
 
 
-def timed_step(case, variant: str) -> float:
-    return time_graph([step_launches(case, variant, "sm90", seed) for seed in range(input_set_count(case))])
-
-
 def main(argv: list[str]) -> None:
     cases = [case_named(name) for name in argv[0].split(",")]
     counts = [int(s) for s in argv[1].split(",")] if len(argv) > 1 else list(DEFAULT_SPLITS)
     chosen = sm90_attention.sm90_splits
-    before = os.environ.get("DDTREE_SM90_FP8_KERNEL")
-    os.environ["DDTREE_SM90_FP8_KERNEL"] = "transposed"
     sms = sm_count(torch.device("cuda"))
     try:
-        for case in cases:
-            bf16 = timed_step(case, "slot")
-            qo, kv = case.indptrs()
-            ctas, _ = plan_shape(sms, qo[-1], case.heads, case.batch, kv[-1])
-            row_blocks = sum(-(-(n * case.heads) // 64) for n in case.draft_lens)
-            cells = []
-            for count in [None, *counts]:
-                sm90_attention.sm90_splits = chosen if count is None else (lambda *args, count=count: count)
-                splits = chosen(qo[-1], case.heads, case.batch, kv[-1], ctas) if count is None else count
-                fp8 = timed_step(case, "slot_fp8")
-                cells.append(f"{'auto' if count is None else count}: {fp8 * 1e6:7.1f}us {fp8 / bf16:.3f} "
-                             f"(<= {row_blocks * splits} CTAs)")
-            print(f"{case.name:24s} bf16 {bf16 * 1e6:7.1f}us | " + " | ".join(cells), flush=True)
+        with sm90_fp8_kernel("transposed"):
+            for case in cases:
+                bf16 = time_step(case, "slot", "sm90")
+                qo, kv = case.indptrs()
+                ctas, _ = plan_shape(sms, qo[-1], case.heads, case.batch, kv[-1])
+                row_blocks = sum(-(-(n * case.heads) // 64) for n in case.draft_lens)
+                cells = []
+                for count in [None, *counts]:
+                    sm90_attention.sm90_splits = chosen if count is None else (lambda *args, count=count: count)
+                    splits = chosen(qo[-1], case.heads, case.batch, kv[-1], ctas) if count is None else count
+                    fp8 = time_step(case, "slot_fp8", "sm90")
+                    cells.append(f"{'auto' if count is None else count}: {fp8 * 1e6:7.1f}us {fp8 / bf16:.3f} "
+                                 f"(<= {row_blocks * splits} CTAs)")
+                print(f"{case.name:24s} bf16 {bf16 * 1e6:7.1f}us | " + " | ".join(cells), flush=True)
     finally:
         sm90_attention.sm90_splits = chosen
-        if before is None:
-            os.environ.pop("DDTREE_SM90_FP8_KERNEL", None)
-        else:
-            os.environ["DDTREE_SM90_FP8_KERNEL"] = before
 
 
 if __name__ == "__main__":
