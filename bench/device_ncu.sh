@@ -5,7 +5,8 @@
 #   run(command="bash bench/device_ncu.sh H128_n64_B8_P8192 [BACKEND]", carry=[".whl"])
 # SCHEDULE=split|persistent forces the sm90 kernel's schedule (bench.profile_case --schedule).
 # STEP=1 runs the whole step (bench.profile_case --step), so that KERNEL=prepare_verify profiles
-# the preparation launch.
+# the preparation launch. FP8=1: the whole step with an e4m3 cache (bench.profile_case --fp8;
+# KERNEL=verify_attention_transposed for the transposed kernel).
 # Writes $OUT/ncu.tgz: details.txt, sass.csv, run.log.
 set -uo pipefail
 scripts=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,7 +18,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "
 export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=${DDTREE_CACHE_DIR:-/tmp/ddc} PYTHONUNBUFFERED=1
 timeout 200 python3 "$root/bench/build_libraries.py" > $R/build.log 2>&1
 timeout 200 ncu --clock-control none --set full --import-source no -k regex:"${KERNEL:-verify_attention}" --launch-skip 1 --launch-count 1 \
-  -o $R/prof -f python3 -m bench.profile_case "$case" --backend "$backend" --iters 2 --schedule "${SCHEDULE:-auto}" ${STEP:+--step} > $R/run.log 2>&1
+  -o $R/prof -f python3 -m bench.profile_case "$case" --backend "$backend" --iters 2 --schedule "${SCHEDULE:-auto}" ${STEP:+--step} ${FP8:+--fp8} > $R/run.log 2>&1
 ncu --import $R/prof.ncu-rep --page details > $R/details.txt 2>&1
 ncu --import $R/prof.ncu-rep --page source --csv --print-source sass > $R/sass.csv 2>&1
 grep -E "Elapsed Cycles|Duration|Executed Ipc A|Issue Slots" $R/details.txt

@@ -81,6 +81,7 @@ __device__ __forceinline__ void post_row_partials(const float2 (&part)[N / 8], f
 struct TransposedKeys {
   TreeMask mask;
   int kv_begin, row0, pairs;
+  float logit_scale;  // sm_scale x log2(e) x kv_scale / q's staging scale (transposed_q.cuh)
 };
 
 // The pair loop of GEMM warpgroup w, thread t (of 128): O^T accumulates into acc_lo (m-blocks
@@ -113,7 +114,7 @@ __device__ __forceinline__ void transposed_pair_loop(const TransposedKeys& keys,
   ABuffer a_buffers[T::kBuffers];  // indexed by constants only, so they stay in registers
   const auto v_pair_layout = Layout<Shape<Shape<_2, _2, _2>, _2>>{};  // two m-blocks of V^T's A
   const uint32_t p_mine = smem + T::kPOffset + w * T::kPBytes;
-  const float logit_scale = st.logit_scale;  // staged with q
+  const float logit_scale = keys.logit_scale;
 
   for (int pair = 0; pair < keys.pairs; ++pair) {
     // S^T of tile 2 pair + w.

@@ -4,8 +4,8 @@
 //   S^T = K Q^T   (M = 64 keys of a tile, N = the rows, over 576 columns),
 //   O^T = V^T P^T (M = a warpgroup's 256 output columns in four m-blocks, N = the rows, over keys),
 // the e4m3 tile staying e4m3 in shared memory and widened to fp16 in registers as the A operand
-// of RS GEMMs (transposed_operands.cuh: the layouts). Warpgroups 0 and 1 take a pair's tiles
-// (2 i + w) and each owns 256 output columns; warpgroup 2 gathers q and the tiles.
+// of RS GEMMs (transposed_operands.cuh: the layouts). Warpgroups 0 and 1 stage q, then take a
+// pair's tiles (2 i + w), each owning 256 output columns; warpgroup 2 gathers the tiles.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -24,7 +24,6 @@ constexpr int kMaxTransposedStages = 5;
 struct TransposedBarriers {
   uint64_t full[kMaxTransposedStages];   // a stage's copies (128 threads) and key bits (4 warps) are in
   uint64_t empty[kMaxTransposedStages];  // both GEMM warpgroups are done with a stage
-  uint64_t q_full;                       // q and its scale are staged
 };
 
 template <int N>
@@ -65,8 +64,7 @@ struct TransposedTraits {
     float partial[2][4][N];  // [warpgroup][warp][row]: a warp's maximum (or sum) of a row
     float row_max[2][N];     // each warpgroup's copy of the row's reference maximum (base 2, softmax.cuh)
     float row_scale[2][N];   // its rescale factor of the current pair (at the end: the output factor)
-    float q_absmax[4];       // the gather warps' largest |q|
-    float logit_scale;       // sm_scale x log2(e) x kv_scale / q's staging scale
+    float q_absmax[8];       // the GEMM warps' largest |q| (transposed_q.cuh)
   };
   static constexpr int kStateOffset = kPOffset + 2 * kPBytes;
   static constexpr int kSmemBytes = kStateOffset + int(sizeof(State));

@@ -3,8 +3,8 @@
 // kernel, for an e4m3 cache. The e4m3 tiles stay e4m3 in shared memory (half the bytes of a
 // widened tile, so five stages in flight) and the GEMMs are transposed (transposed_traits.cuh),
 // so their N is the block's rows: 16, 32 or 64, the smallest that holds them, chosen per CTA.
-// Warpgroup 2 gathers (transposed_gather.cuh); warpgroups 0 and 1 run the pair loop
-// (transposed_mainloop.cuh) and store the output, or a piece's fp32 partial, from registers:
+// Warpgroup 2 gathers (transposed_gather.cuh); warpgroups 0 and 1 stage q (transposed_q.cuh),
+// run the pair loop (transposed_mainloop.cuh) and store the output, or a piece's fp32 partial, from registers:
 // O^T gives a thread eight consecutive columns of each of its rows.
 #pragma once
 
@@ -21,6 +21,7 @@
 #include "traits.cuh"  // VerifyTraits: the plan's row blocks and tiles
 #include "transposed_gather.cuh"
 #include "transposed_mainloop.cuh"
+#include "transposed_q.cuh"
 #include "transposed_traits.cuh"
 #include "verify_launch.cuh"
 #include "verify_params.cuh"
@@ -95,34 +96,29 @@ __device__ __forceinline__ void store_transposed_output(const VerifyParams& p, c
 
 // The CTA's piece with N rows a GEMM (its block's rows <= N).
 template <int N, class Element>
-__device__ __forceinline__ void transposed_piece(const VerifyParams& p, const Segment& seg, const SegmentGeometry& g,
+__device__ __forceinline__ void transposed_piece(const VerifyParams& p, const Segment& s_seg, const SegmentGeometry& s_g,
                                                  TransposedBarriers& bars, uint8_t* smem_ptr) {
   using T = TransposedTraits<N>;
   auto& st = *reinterpret_cast<typename T::State*>(smem_ptr + T::kStateOffset);
   const uint32_t smem = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
   const int warpgroup = threadIdx.x / 128, t = threadIdx.x % 128;
-  const int valid_rows = min(N, g.num_rows - g.row0);
   if (warpgroup == 2) {
     cutlass::arch::warpgroup_reg_dealloc<T::kGatherRegisters>();
-    TransposedGatherPlan<Element> plan;
-    plan.q = static_cast<const Element*>(p.q);
-    plan.q_stride_token = p.q_stride_token;
-    plan.q_stride_head = p.q_stride_head;
+    const SegmentGeometry g = s_g;
+    TransposedGatherPlan plan;
     plan.kv = static_cast<const uint8_t*>(p.kv);
     plan.kv_row_bytes = p.kv_stride;  // e4m3: a byte an element
     plan.slots = p.verify_indices + g.kv_lo;
-    plan.q_lo = g.q_lo;
-    plan.heads = p.heads;
-    plan.row0 = g.row0;
-    plan.valid_rows = valid_rows;
     plan.kv_begin = g.kv_begin;
     plan.kv_end = g.kv_end;
     plan.num_tiles = g.num_tiles;
-    plan.scale_log2 = p.scale_log2 * kv_scale_of<true>(p);
     transposed_gather<N>(plan, st, bars, smem, t);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kMmaRegisters>();
+  const Segment seg = s_seg;
+  const SegmentGeometry g = s_g;
+  const int valid_rows = min(N, g.num_rows - g.row0);
   mark_missing_pieces(p, seg, g, threadIdx.x);
   if (publishes_status<VerifyTraits<Element>>(p)) publish_status(p.status);
   if (t < N) st.row_max[warpgroup][t] = -INFINITY;  // read by this thread first, by the others after a barrier
@@ -131,6 +127,16 @@ __device__ __forceinline__ void transposed_piece(const VerifyParams& p, const Se
   keys.kv_begin = g.kv_begin;
   keys.row0 = g.row0;
   keys.pairs = transposed_pairs_of(g.num_tiles);
+  TransposedQ<Element> q_plan;
+  q_plan.q = static_cast<const Element*>(p.q);
+  q_plan.q_stride_token = p.q_stride_token;
+  q_plan.q_stride_head = p.q_stride_head;
+  q_plan.q_lo = g.q_lo;
+  q_plan.heads = p.heads;
+  q_plan.row0 = g.row0;
+  q_plan.valid_rows = valid_rows;
+  q_plan.scale_log2 = p.scale_log2 * kv_scale_of<true>(p);
+  keys.logit_scale = stage_scaled_q<N>(q_plan, st.q_absmax, smem, threadIdx.x, kPartialsReady);
   typename T::Mma mma;
   // O^T in two accumulators of two m-blocks each (m-blocks 0, 1 and 2, 3: output columns by
   // v_output_column), so that an O^T group of two m-blocks names one of them.
@@ -141,7 +147,6 @@ __device__ __forceinline__ void transposed_piece(const VerifyParams& p, const Se
   float row_sum[N / 4];
 #pragma unroll
   for (int i = 0; i < N / 4; ++i) row_sum[i] = 0.f;
-  cutlass::arch::ClusterBarrier::wait(&bars.q_full, 0);
   transposed_pair_loop<N>(keys, st, bars, smem, warpgroup, t, acc_lo, acc_hi, row_sum);
   store_transposed_output<N, Element>(p, g, valid_rows, st, warpgroup, t, acc_lo, acc_hi, row_sum);
 }
@@ -160,7 +165,6 @@ __global__ void __launch_bounds__(TransposedTraits<16>::kThreads, 1)
       cutlass::arch::ClusterBarrier::init(&bars.full[s], 128 + 4);  // the copies, and each warp's key bits
       cutlass::arch::ClusterBarrier::init(&bars.empty[s], TransposedTraits<16>::kMmaThreads);
     }
-    cutlass::arch::ClusterBarrier::init(&bars.q_full, 128);
     cutlass::arch::fence_barrier_init();
   }
   wait_for_prior_grids();
@@ -176,14 +180,23 @@ __global__ void __launch_bounds__(TransposedTraits<16>::kThreads, 1)
     if (publishes_status<VerifyTraits<Element>>(p)) publish_status(p.status);
     return;
   }
+  // The piece reaches both roles through shared memory: held in registers across their
+  // setmaxnreg, it spills.
+  __shared__ Segment s_seg;
+  __shared__ SegmentGeometry s_g;
   const SegmentGeometry g = segment_geometry<VerifyTraits<Element>, false>(p, seg);
   const int rows = g.num_rows - g.row0;  // 1..64
+  if (threadIdx.x == 0) {
+    s_seg = seg;
+    s_g = g;
+  }
+  __syncthreads();
   if (rows <= 16) {
-    transposed_piece<16, Element>(p, seg, g, bars, smem);
+    transposed_piece<16, Element>(p, s_seg, s_g, bars, smem);
   } else if (rows <= 32) {
-    transposed_piece<32, Element>(p, seg, g, bars, smem);
+    transposed_piece<32, Element>(p, s_seg, s_g, bars, smem);
   } else {
-    transposed_piece<64, Element>(p, seg, g, bars, smem);
+    transposed_piece<64, Element>(p, s_seg, s_g, bars, smem);
   }
 }
 
