@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from bench.cases import all_cases
+from bench.cases import case_named
 from bench.verify import Inputs, capture_graph, replay_seconds
 
 
@@ -52,9 +52,10 @@ def main(argv=None):
         import ddtree_op.backends.sm90.attention as sm90_attention
 
         sm90_attention.use_persistent = lambda *shape: args.schedule == "persistent"
-    case = next((c for c in all_cases() if c.name == args.case), None)
-    if case is None:
-        raise SystemExit(f"unknown case {args.case!r}")
+    try:
+        case = case_named(args.case)
+    except ValueError as error:
+        raise SystemExit(str(error))
     def launch_for(seed):
         if args.fp8:
             from bench.paged_fp8 import step_launches
