@@ -29,13 +29,17 @@ def main(argv=None) -> None:
     parser.add_argument("--batches", default="", help="instead of the cases: ragged H16 batches (n 4, mean prefix 1024) of these sizes")
     args = parser.parse_args(argv)
     # The checkout's own modules (PYTHONPATH), whichever version it is.
-    from bench.cases import Case, all_cases, geomean, ragged
+    from bench.cases import Case, all_cases, case_named, geomean, ragged
     from bench.verify import Inputs, input_set_count, time_graph
     from ddtree_op import ops
     from ddtree_op.synthetic import make_verify_batch
 
-    names = set(args.cases.split(","))
-    cases = [c for c in all_cases() if c.name in names or args.cases in getattr(c, "tags", ())]
+    cases = [c for c in all_cases() if args.cases in getattr(c, "tags", ())]
+    if not cases and not args.batches:  # case names, off the grid too (bench.cases.case_named)
+        try:
+            cases = [case_named(name) for name in args.cases.split(",")]
+        except ValueError as error:
+            raise SystemExit(str(error))
     if args.batches:
         batches = [int(b) for b in args.batches.split(",")]
         cases = [Case(f"H16_n4_B{b}_P1024_ragged", 16, ragged(1024, b), (4,) * b) for b in batches]
