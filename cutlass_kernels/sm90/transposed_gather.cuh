@@ -23,12 +23,12 @@ struct TransposedGatherPlan {
 };
 
 // The piece's tiles into the stages (tile i into stage i % kStages, after both GEMM warpgroups
-// released its previous tile). Lane l of warp w
-// holds the slot id of the tile's key 16 w + l % 16 (-1 past the piece's keys), loaded a tile
-// ahead, in one of two registers that even and odd tiles swap; the copies get their ids by
-// shuffle, so no copy waits for an id's load. A key without a slot is copied as zeros and its bit
-// is clear. The GEMMs take whole pairs, at least one: a piece of an odd number of tiles (or of
-// none) gets empty ones, whose keys are all without a slot.
+// released its previous tile). Lane l of warp w holds the slot id of the tile's key 16 w + l % 16
+// (-1 past the piece's keys), loaded a tile ahead, in one of two registers that even and odd
+// tiles swap; the copies get their ids by shuffle, so no copy waits for an id's load. A key
+// without a slot is copied as zeros and its bit is clear. The GEMMs take whole pairs, at least
+// one: a piece of an odd number of tiles (or of none) gets empty ones, whose keys are all
+// without a slot.
 template <int N>
 __device__ __forceinline__ void transposed_gather(const TransposedGatherPlan& plan, typename TransposedTraits<N>::State& st,
                                                   TransposedBarriers& bars, uint32_t smem, int t) {

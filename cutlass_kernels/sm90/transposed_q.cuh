@@ -39,7 +39,7 @@ __device__ __forceinline__ int q_scale_exponent(float absmax) {
 // thread rescales the words it stored, in place. A second barrier after the proxy fence lets the
 // GEMMs read q. Returns the logit scale: sm_scale x log2(e) x kv_scale x 2^k.
 template <int N, class Element>
-__device__ __forceinline__ float stage_scaled_q(const TransposedQ<Element>& plan, float (&warp_absmax)[8], uint32_t smem,
+__device__ __forceinline__ float stage_scaled_q(const TransposedQ<Element>& block, float (&warp_absmax)[8], uint32_t smem,
                                                 int tid, uint32_t barrier_id) {
   constexpr int kUnits = kQkDim / 8;  // 16-byte pieces of a row
   constexpr int kThreads = TransposedTraits<N>::kMmaThreads;
@@ -60,10 +60,10 @@ __device__ __forceinline__ float stage_scaled_q(const TransposedQ<Element>& plan
     for (int b = 0; b < kBatch; ++b) {
       const int i = first + b, idx = tid + i * kThreads, n = idx / kUnits, unit = idx % kUnits;
       pieces[b] = make_uint4(0, 0, 0, 0);
-      if (i < kPieces && exists(i) && n < plan.valid_rows) {
-        const int row = plan.row0 + n;
-        const Element* const src =
-            plan.q + (plan.q_lo + row / plan.heads) * plan.q_stride_token + (row % plan.heads) * plan.q_stride_head + 8 * unit;
+      if (i < kPieces && exists(i) && n < block.valid_rows) {
+        const int row = block.row0 + n;
+        const Element* const src = block.q + (block.q_lo + row / block.heads) * block.q_stride_token +
+                                   (row % block.heads) * block.q_stride_head + 8 * unit;
         asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(pieces[b].x), "=r"(pieces[b].y), "=r"(pieces[b].z), "=r"(pieces[b].w)
                      : "l"(src));
@@ -108,7 +108,7 @@ __device__ __forceinline__ float stage_scaled_q(const TransposedQ<Element>& plan
   cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);
   // A zero scale would make a masked logit's -inf times it NaN; the smallest normal float gives
   // the same softmax (every logit ~0).
-  const float logit_scale = plan.scale_log2 * ldexpf(1.f, k);
+  const float logit_scale = block.scale_log2 * ldexpf(1.f, k);
   return logit_scale == 0.f ? FLT_MIN : logit_scale;
 }
 

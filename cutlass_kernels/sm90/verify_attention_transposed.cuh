@@ -4,8 +4,8 @@
 // widened tile, so five stages in flight) and the GEMMs are transposed (transposed_traits.cuh),
 // so their N is the block's rows: 16, 32 or 64, the smallest that holds them, chosen per CTA.
 // Warpgroup 2 gathers (transposed_gather.cuh); warpgroups 0 and 1 stage q (transposed_q.cuh),
-// run the pair loop (transposed_mainloop.cuh) and store the output, or a piece's fp32 partial, from registers:
-// O^T gives a thread eight consecutive columns of each of its rows.
+// run the pair loop (transposed_mainloop.cuh) and store the output, or a piece's fp32 partial,
+// from registers: O^T gives a thread eight consecutive columns of each of its rows.
 #pragma once
 
 #include <c10/cuda/CUDAException.h>
@@ -127,16 +127,16 @@ __device__ __forceinline__ void transposed_piece(const VerifyParams& p, const Se
   keys.kv_begin = g.kv_begin;
   keys.row0 = g.row0;
   keys.pairs = transposed_pairs_of(g.num_tiles);
-  TransposedQ<Element> q_plan;
-  q_plan.q = static_cast<const Element*>(p.q);
-  q_plan.q_stride_token = p.q_stride_token;
-  q_plan.q_stride_head = p.q_stride_head;
-  q_plan.q_lo = g.q_lo;
-  q_plan.heads = p.heads;
-  q_plan.row0 = g.row0;
-  q_plan.valid_rows = valid_rows;
-  q_plan.scale_log2 = p.scale_log2 * kv_scale_of<true>(p);
-  keys.logit_scale = stage_scaled_q<N>(q_plan, st.q_absmax, smem, threadIdx.x, kPartialsReady);
+  TransposedQ<Element> q_block;
+  q_block.q = static_cast<const Element*>(p.q);
+  q_block.q_stride_token = p.q_stride_token;
+  q_block.q_stride_head = p.q_stride_head;
+  q_block.q_lo = g.q_lo;
+  q_block.heads = p.heads;
+  q_block.row0 = g.row0;
+  q_block.valid_rows = valid_rows;
+  q_block.scale_log2 = p.scale_log2 * kv_scale_of<true>(p);
+  keys.logit_scale = stage_scaled_q<N>(q_block, st.q_absmax, smem, threadIdx.x, kPartialsReady);
   typename T::Mma mma;
   // O^T in two accumulators of two m-blocks each (m-blocks 0, 1 and 2, 3: output columns by
   // v_output_column), so that an O^T group of two m-blocks names one of them.
