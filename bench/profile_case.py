@@ -5,6 +5,7 @@
   python -m bench.profile_case H16_n4_B1_P1024 --kernels --step   # the same for the whole step
   python -m bench.profile_case H16_n16_B32_P8192 --schedule persistent   # the sm90 kernel auto does not pick
   python -m bench.profile_case H16_n4_B8_P8192 --fp8   # the whole step with an e4m3 cache (bench/paged_fp8.py)
+  python -m bench.profile_case H16_n1_B32_P8192 --fp8 --splits 1   # one piece a row block: 32 CTAs, the memory idle
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def main(argv=None):
     parser.add_argument("--step", action="store_true", help="the whole step (preparation + attention), not the attention alone")
     parser.add_argument("--schedule", choices=["auto", "split", "persistent"], default="auto",
                         help="the sm90 kernel's schedule: auto's choice from shapes, or one forced")
+    parser.add_argument("--splits", type=int, default=0,
+                        help="the sm90 kernels' key splits per row block, forced (0: auto's), as bench.time_fp8_splits does")
     parser.add_argument("--fp8", action="store_true",
                         help="the whole step with an FP8 e4m3 cache (slots, or pages with paged:BACKEND)")
     args = parser.parse_args(argv)
@@ -52,6 +55,10 @@ def main(argv=None):
         import ddtree_op.backends.sm90.attention as sm90_attention
 
         sm90_attention.use_persistent = lambda *shape: args.schedule == "persistent"
+    if args.splits:
+        import ddtree_op.backends.sm90.attention as sm90_attention
+
+        sm90_attention.sm90_splits = lambda *shape: args.splits
     try:
         case = case_named(args.case)
     except ValueError as error:

@@ -6,6 +6,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "async_copy.cuh"
+#include "transposed_clocks.cuh"
 #include "transposed_operands.cuh"
 #include "transposed_traits.cuh"
 
@@ -40,10 +41,14 @@ __device__ __forceinline__ void transposed_gather(const TransposedGatherPlan& pl
     const int key = plan.kv_begin + tile * T::kKeys + 16 * warp + lane % 16;
     return key < plan.kv_end ? plan.slots[key] : -1;
   };
+  const TransposedClock clock = transposed_clock(st, 2, t == 0);
   auto issue_tile = [&](int tile, int now, int& next) {
     next = tile + 1 < tiles ? load_slot(tile + 1) : -1;
     const int stage = tile % T::kStages;
+    clock.tick();
+    const unsigned since = clock.now();
     if (tile >= T::kStages) cutlass::arch::ClusterBarrier::wait(&bars.empty[stage], (tile / T::kStages - 1) & 1);
+    clock.add(kStageRelease, since);
     const uint32_t dst = smem + T::kStagesOffset + stage * T::kStageBytes;
     auto copy = [&](int key, int unit, int slot) {
       const uint8_t* const src = slot >= 0 ? plan.kv + int64_t(slot) * plan.kv_row_bytes + 16 * unit : plan.kv;
@@ -74,6 +79,7 @@ __device__ __forceinline__ void transposed_gather(const TransposedGatherPlan& pl
     issue_tile(tile + 1, odd, even);
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives its thread
+  clock.store(2, N);
 }
 
 }  // namespace ddtree::sm90

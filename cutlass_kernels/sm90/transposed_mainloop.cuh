@@ -11,6 +11,7 @@
 #include "mask_policy.cuh"
 #include "numeric.cuh"
 #include "softmax.cuh"  // raise_row_max
+#include "transposed_clocks.cuh"
 #include "transposed_operands.cuh"
 #include "transposed_traits.cuh"
 
@@ -86,11 +87,12 @@ struct TransposedKeys {
 
 // The pair loop of GEMM warpgroup w, thread t (of 128): O^T accumulates into acc_lo (m-blocks
 // 0, 1) and acc_hi (2, 3), each row's sum of probabilities (this thread's part: row_sum[i],
-// i as above) under the row's reference maximum (st.row_max[w]) into row_sum.
+// i as above) under the row's reference maximum (st.row_max[w]) into row_sum; its waits into
+// `clock` (a debug build's, transposed_clocks.cuh).
 template <int N, class AccO>
 __device__ __forceinline__ void transposed_pair_loop(const TransposedKeys& keys, typename TransposedTraits<N>::State& st,
                                                      TransposedBarriers& bars, uint32_t smem, int w, int t, AccO& acc_lo,
-                                                     AccO& acc_hi, float (&row_sum)[N / 4]) {
+                                                     AccO& acc_hi, float (&row_sum)[N / 4], const TransposedClock& clock) {
   using T = TransposedTraits<N>;
   using Element = typename T::Element;
   using NamedBarrier = cutlass::arch::NamedBarrier;
@@ -117,10 +119,13 @@ __device__ __forceinline__ void transposed_pair_loop(const TransposedKeys& keys,
   const float logit_scale = keys.logit_scale;
 
   for (int pair = 0; pair < keys.pairs; ++pair) {
+    clock.tick();
     // S^T of tile 2 pair + w.
     const int my_tile = 2 * pair + w, my_stage_index = my_tile % T::kStages;
     const uint32_t my_stage = smem + T::kStagesOffset + my_stage_index * T::kStageBytes;
+    unsigned since = clock.now();
     cutlass::arch::ClusterBarrier::wait(&bars.full[my_stage_index], (my_tile / T::kStages) & 1);
+    clock.add(kTileLanding, since);
     constexpr int kSteps = T::kSteps, kGroups = T::kChunks * T::kSplit;
     // Group G: chunk G / kSplit, its words (k-steps) kSteps (G % kSplit) on.
     auto load_k = [&](int group, uint32_t (&words)[2][kSteps]) {
@@ -153,7 +158,9 @@ __device__ __forceinline__ void transposed_pair_loop(const TransposedKeys& keys,
     // -inf. The condition is the same for the whole warpgroup.
     const uint64_t key_bits = *reinterpret_cast<const uint64_t*>(st.key_bits[my_stage_index]);
     const int kv0 = keys.kv_begin + kKeys * my_tile;
+    since = clock.now();
     warpgroup_wait<0>();
+    clock.add(kSRetire, since);
     warpgroup_fence_operand(acc_s);
     fence_o();
 #pragma unroll
@@ -182,7 +189,9 @@ __device__ __forceinline__ void transposed_pair_loop(const TransposedKeys& keys,
       }
       post_row_partials<N>(part, st.partial, w, warp, lane, Max2{});
     }
+    since = clock.now();
     NamedBarrier::sync(T::kMmaThreads, kPartialsReady);
+    clock.add(kPartnerBarriers, since);
     if (t < N) {
       float tile_max = st.partial[0][0][t];
 #pragma unroll
@@ -191,7 +200,9 @@ __device__ __forceinline__ void transposed_pair_loop(const TransposedKeys& keys,
       st.row_scale[w][t] = u.scale;
       st.row_max[w][t] = u.max;
     }
+    since = clock.now();
     NamedBarrier::sync(128, kRowState0 + w);
+    clock.add(kPartnerBarriers, since);
 #pragma unroll
     for (int j = 0; j < N / 8; ++j) {
       const float2 m = *reinterpret_cast<const float2*>(&st.row_max[w][8 * j + 2 * q]);
@@ -238,7 +249,9 @@ __device__ __forceinline__ void transposed_pair_loop(const TransposedKeys& keys,
                    : "memory");
     }
     cutlass::arch::fence_view_async_shared();
+    since = clock.now();
     NamedBarrier::sync(T::kMmaThreads, kProbsReady);
+    clock.add(kPartnerBarriers, since);
 
     // O^T += V^T P^T over both tiles, this warpgroup's 256 columns.
     mma.accumulate_ = GMMA::ScaleOut::One;
@@ -282,7 +295,9 @@ __device__ __forceinline__ void transposed_pair_loop(const TransposedKeys& keys,
     });
     // Waited here, not under the next S^T's first group: ptxas serialises every wgmma of the
     // loop (C7514) when O^T's last group stays in flight into the next pair.
+    since = clock.now();
     warpgroup_wait<0>();
+    clock.add(kORetire, since);
     fence_o();
   }
 }

@@ -13,6 +13,7 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
 #include "../contract.cuh"
+#include "transposed_clocks.cuh"
 
 namespace ddtree::sm90 {
 
@@ -65,6 +66,9 @@ struct TransposedTraits {
     float row_max[2][N];     // each warpgroup's copy of the row's reference maximum (base 2, softmax.cuh)
     float row_scale[2][N];   // its rescale factor of the current pair (at the end: the output factor)
     float q_absmax[8];       // the GEMM warps' largest |q| (transposed_q.cuh)
+#ifdef DDTREE_WAIT_CLOCKS
+    unsigned clock_sums[3][2 + kTransposedWaits];  // the debug build's waits by role (transposed_clocks.cuh)
+#endif
   };
   static constexpr int kStateOffset = kPOffset + 2 * kPBytes;
   static constexpr int kSmemBytes = kStateOffset + int(sizeof(State));

@@ -19,6 +19,7 @@
 #include "segment.cuh"
 #include "tile_scheduler.cuh"
 #include "traits.cuh"  // VerifyTraits: the plan's row blocks and tiles
+#include "transposed_clocks.cuh"
 #include "transposed_gather.cuh"
 #include "transposed_mainloop.cuh"
 #include "transposed_q.cuh"
@@ -147,8 +148,10 @@ __device__ __forceinline__ void transposed_piece(const VerifyParams& p, const Se
   float row_sum[N / 4];
 #pragma unroll
   for (int i = 0; i < N / 4; ++i) row_sum[i] = 0.f;
-  transposed_pair_loop<N>(keys, st, bars, smem, warpgroup, t, acc_lo, acc_hi, row_sum);
+  const TransposedClock clock = transposed_clock(st, warpgroup, t == 0);
+  transposed_pair_loop<N>(keys, st, bars, smem, warpgroup, t, acc_lo, acc_hi, row_sum, clock);
   store_transposed_output<N, Element>(p, g, valid_rows, st, warpgroup, t, acc_lo, acc_hi, row_sum);
+  clock.store(warpgroup, N);
 }
 
 template <class Element>
@@ -206,6 +209,7 @@ void launch_verify_attention_transposed(const VerifyParams& params, dim3 grid, c
   const int smem = kTransposedSmemBytes + 1024;  // + alignment slack for the swizzled tiles
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   C10_CUDA_CHECK(launch_dependent(kernel, grid, dim3(TransposedTraits<16>::kThreads), smem, stream, params));
+  print_transposed_clocks_after(stream);
 }
 
 }  // namespace ddtree::sm90
