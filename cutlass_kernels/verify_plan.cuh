@@ -36,6 +36,7 @@
 #include <cstdint>
 
 #include "contract.cuh"
+#include "plan_clocks.cuh"
 
 namespace ddtree {
 
@@ -269,9 +270,10 @@ __device__ __forceinline__ int split_piece_units(const PlanArgs& a, const Batch&
 
 // Block `plan_block` of the plan's blocks writes entries [plan_block * kThreads, +kThreads) of
 // the row block and piece arrays, and block 0 the header. Every thread of the block calls it (it
-// synchronises the block). Batch has num_draft(b) and keys_before(b) (the verify indptr).
+// synchronises the block). Batch has num_draft(b) and keys_before(b) (the verify indptr). `clock`
+// times its phases in a debug build (plan_clocks.cuh).
 template <int kThreads, class Batch>
-__device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch& batch, int plan_block) {
+__device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch& batch, int plan_block, PlanClock& clock) {
   static_assert(kPlanChunk % kThreads == 0, "a chunk is whole requests per thread");
   static_assert(kLaneSharesMaxBatch <= kPlanChunk, "lane by lane, the row block entries need the batch in one chunk");
   static_assert(kLongestFirstMaxBatch <= kPlanChunk, "longest first, the pieces' order needs the batch in one chunk");
@@ -286,7 +288,9 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
   __shared__ int s_order[kPlanChunk];           // longest first: the request (in the chunk) at each rank
   __shared__ int64_t s_ranked_piece_end[kPlanChunk];  // longest first: inclusive, pieces of ranks up to this one
   const BatchTotals totals = batch_totals<kThreads>(a, batch);
+  clock.mark(kPlanTotals);
   const PlanChoice choice = plan_choice(a, totals);
+  clock.mark(kPlanChoice);
   if (plan_block == 0 && threadIdx.x == 0) {  // the choice's header entries now, so that it is not held across the scan
     a.plan[kPlanEqualShares] = choice.equal ? 1 : 0;
     a.plan[kPlanUsed] = choice.used;
@@ -294,6 +298,7 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
   const int lanes = choice.lanes;
   const bool longest_first = a.batch <= kLongestFirstMaxBatch;  // one chunk
   const int piece_units = split_piece_units<kThreads>(a, batch, totals);
+  clock.mark(kPlanPieceSearch);
   const int64_t entry = int64_t(plan_block) * kThreads + threadIdx.x;
   // Recomputed where they are used: held across the scan, they spill in the staged preparation.
   auto row_fields = [&] { return a.plan + kPlanHeader; };
@@ -405,6 +410,7 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
     // and written: only block 0 (the header) needs the totals.
     if (plan_block != 0 && (s_before[kBlocksPieces] >> 32) >= int64_t(plan_block + 1) * kThreads) break;
   }
+  clock.mark(kPlanScan);
   const int64_t all_blocks = s_before[kBlocksPieces] >> 32, all_items = s_before[kItems] * (lanes > 0 ? lanes : 1);
   const int64_t all_pieces = s_before[kBlocksPieces] & 0xffffffff;
   const int64_t row_blocks = all_blocks < a.capacity ? all_blocks : a.capacity;
@@ -433,6 +439,8 @@ __device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch
     h[kPlanSplits] = a.splits;
     h[kPlanPieces] = total_pieces;
   }
+  clock.mark(kPlanWritten);
+  clock.print(a.batch);
 }
 
 }  // namespace ddtree

@@ -37,6 +37,7 @@ template <bool kStaged, int kPositions>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) prepare_verify_kernel(ddtree::BatchLimits limits, const ddtree::IndptrBounds* bounds,
                                                                   VerifyIndexArgs index, int index_blocks, TreeMaskArgs mask,
                                                                   ddtree::StatusView view, ddtree::PlanArgs plan) {
+  ddtree::PlanClock clock;  // a debug build's (plan_clocks.cuh)
   ddtree::allow_dependent_grids();  // the attention launch may set up; it waits for this grid to finish
   const int block = static_cast<int>(blockIdx.x);
   ddtree::StatusRecorder status(view);
@@ -46,7 +47,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm) prepare_verify_kern
   }();
   const int work_block = block - plan.blocks;
   if (work_block < 0) {
-    ddtree::build_verify_plan<kThreads>(plan, batch, block);
+    clock.record_if(block == 0 && threadIdx.x == 0);
+    clock.mark(ddtree::kPlanSanitized);
+    ddtree::build_verify_plan<kThreads>(plan, batch, block, clock);
   } else if (work_block < index_blocks) {  // block-uniform, so the mask warps below stay whole for their ballots
     build_verify_indices<kPositions>(index, batch, status,
                                      static_cast<int64_t>(work_block) * blockDim.x * kPositions + threadIdx.x, blockDim.x);
