@@ -2,11 +2,13 @@
 // wait_clocks.cuh; e.g. DDTREE_NVCC_EXTRA=-DDDTREE_WAIT_CLOCKS python -m bench.profile_case CASE --fp8
 // --iters 1): each role's first thread sums, in shared memory, the cycles it spends in each wait;
 // CTA 0's copy their sums to device memory when the piece is done, and a one-thread launch after
-// the kernel prints them. No printf in the kernel itself: a call there serialises its wgmma (C7510,
-// as wait_clocks.cuh's builds are). Beside a forced split count (profile_case --splits) it tells
-// whether tiles land later when every SM streams than when few do. ptxas: the clock build spills
-// 4 B; without the macro every call here compiles to nothing (the kernel's SASS is unchanged).
+// the kernel prints them (a printf in the kernel would serialise its wgmma: C7510). Beside a forced
+// split count (profile_case --splits) it tells whether tiles land later when every SM streams than
+// when few do. ptxas: the clock build spills 4 B; without the macro every call here compiles to
+// nothing (the kernel's SASS is unchanged).
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <cstdio>

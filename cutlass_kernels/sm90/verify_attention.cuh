@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       }
     }
     wait_clock(*reinterpret_cast<SharedState*>(smem_base + kStateOffset), Traits::kGatherWarpgroup, threadIdx.x % 128)
-        .print(Traits::kGatherWarpgroup);
+        .store(Traits::kGatherWarpgroup);
     return;
   }
 
@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     }
   }
   const int warpgroup = threadIdx.x / 128;
-  wait_clock(*reinterpret_cast<SharedState*>(smem_base + kStateOffset), warpgroup, threadIdx.x % 128).print(warpgroup);
+  wait_clock(*reinterpret_cast<SharedState*>(smem_base + kStateOffset), warpgroup, threadIdx.x % 128).store(warpgroup);
 }
 
 // The launch that verify_launch.cuh declares, each specialization in a translation unit of its own
@@ -361,6 +361,7 @@ void launch_verify_attention(const VerifyParams& params, dim3 grid, cudaStream_t
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   // Chained to the preparation before it (../grid_dependency.cuh).
   C10_CUDA_CHECK(launch_dependent(kernel, grid, dim3(Traits::kThreads), smem, stream, params));
+  print_wait_clocks_after(stream);
 }
 
 }  // namespace ddtree::sm90

@@ -3,8 +3,11 @@
 // first thread sums the cycles it spends in each kind of wait, in shared memory, and records when
 // the events of one pair happen (the timeline of pair kTracedPair: the GEMM warpgroups' pair and
 // the gather's loads for the pair after it, which wait for that pair's releases); CTA (0, 0)
-// prints both when it is done. Without the macro every call here compiles to nothing.
+// stores both when it is done, and a one-thread launch after the kernel prints them. Without the
+// macro every call here compiles to nothing.
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <cstdio>
 
@@ -45,6 +48,46 @@ enum TraceEvent : int {
 };
 constexpr int kTracedPair = 16;  // of the CTA's pairs (all its segments): well past the first refills
 
+#ifdef DDTREE_WAIT_CLOCKS
+// CTA (0, 0)'s sums and traced pair by role (WaitClock::store), printed by a launch after the
+// kernel: a printf in the kernel would make ptxas serialise its wgmma (C7510).
+__device__ unsigned wait_clock_dump[kWaitRoles][kWaitSlots + kTraceEvents];
+
+__global__ void print_wait_clocks() {
+  for (int role = 0; role < kWaitRoles; ++role) {
+    const unsigned* const slots = wait_clock_dump[role];
+    int t[kTraceEvents];
+    for (int e = 0; e < kTraceEvents; ++e) t[e] = static_cast<int>(slots[kWaitSlots + e]);
+    if (role == kWaitRoles - 1) {
+      printf("wait_clocks cta0 gather: pairs %u, pair loop %u cycles; waiting for parts to be released %u\n",
+             slots[kPairs], slots[kPairCycles], slots[kLoadWait]);
+      printf("trace cta0 gather, loads of pair %d: start %d; stage 0 chunks 0-3 released %d issued %d; stage 1 chunks 4-8 "
+             "released %d issued %d; stage 0 chunks 4-8 released %d issued %d; stage 1 chunks 0-3 released %d issued %d\n",
+             kTracedPair + 1, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]);
+    } else {
+      printf("wait_clocks cta0 GEMM warpgroup %d: pairs %u, pair loop %u cycles; load %u, S gemm %u, partner %u, "
+             "PV gemm %u; segments' prologues %u (q wait %u), epilogues %u (sums %u, staging %u, stores %u, "
+             "merge %u)\n",
+             role, slots[kPairs], slots[kPairCycles], slots[kLoadWait], slots[kSGemmWait], slots[kPartnerWait],
+             slots[kPvGemmWait], slots[kPrologue], slots[kQWait], slots[kEpilogue], slots[kEpilogueSums],
+             slots[kEpilogueStaging], slots[kEpilogueStores], slots[kEpilogueMerge]);
+      printf("trace cta0 GEMM warpgroup %d, pair %d: start %d; S groups landed %d %d, retired %d; scale %d; P stored %d; "
+             "first P V issued %d; partner %d; second P V issued %d; releases %d %d\n",
+             role, kTracedPair, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10]);
+    }
+  }
+}
+#endif
+
+// After the kernel, on its stream: CTA (0, 0)'s waits printed (the debug build only).
+inline void print_wait_clocks_after(cudaStream_t stream) {
+#ifdef DDTREE_WAIT_CLOCKS
+  print_wait_clocks<<<1, 1, 0, stream>>>();
+#else
+  (void)stream;
+#endif
+}
+
 struct WaitClock {
 #ifdef DDTREE_WAIT_CLOCKS
   unsigned* slots;  // this role's sums in shared memory (32 bits hold one launch's cycles); nullptr: not
@@ -67,30 +110,13 @@ struct WaitClock {
   __device__ __forceinline__ void mark(int event) const {
     if (slots && trace) trace[event] = static_cast<unsigned>(clock64());
   }
-  __device__ __forceinline__ void print(int role) const {
+  // CTA (0, 0)'s sums and timeline of `role`, copied to device memory for print_wait_clocks.
+  __device__ __forceinline__ void store(int role) const {
     if (slots && blockIdx.x == 0 && blockIdx.y == 0) {
-      if (role == kWaitRoles - 1) {
-        printf("wait_clocks cta0 gather: pairs %u, pair loop %u cycles; waiting for parts to be released %u\n",
-               slots[kPairs], slots[kPairCycles], slots[kLoadWait]);
-      } else {
-        printf("wait_clocks cta0 GEMM warpgroup %d: pairs %u, pair loop %u cycles; load %u, S gemm %u, partner %u, "
-               "PV gemm %u; segments' prologues %u (q wait %u), epilogues %u (sums %u, staging %u, stores %u, "
-               "merge %u)\n",
-               role, slots[kPairs], slots[kPairCycles], slots[kLoadWait], slots[kSGemmWait], slots[kPartnerWait],
-               slots[kPvGemmWait], slots[kPrologue], slots[kQWait], slots[kEpilogue], slots[kEpilogueSums],
-               slots[kEpilogueStaging], slots[kEpilogueStores], slots[kEpilogueMerge]);
-      }
-      int t[kTraceEvents];  // cycles after warpgroup 0's start of the traced pair; events not reached: 0 - origin
-      for (int e = 0; e < kTraceEvents; ++e) t[e] = static_cast<int>(trace[e] - *origin);
-      if (role == kWaitRoles - 1) {
-        printf("trace cta0 gather, loads of pair %d: start %d; stage 0 chunks 0-3 released %d issued %d; stage 1 chunks 4-8 "
-               "released %d issued %d; stage 0 chunks 4-8 released %d issued %d; stage 1 chunks 0-3 released %d issued %d\n",
-               kTracedPair + 1, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]);
-      } else {
-        printf("trace cta0 GEMM warpgroup %d, pair %d: start %d; S groups landed %d %d, retired %d; scale %d; P stored %d; "
-               "first P V issued %d; partner %d; second P V issued %d; releases %d %d\n",
-               role, kTracedPair, t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10]);
-      }
+      unsigned* const dump = wait_clock_dump[role];
+      for (int k = 0; k < kWaitSlots; ++k) dump[k] = slots[k];
+      // Cycles after warpgroup 0's start of the traced pair; events not reached: 0 - origin.
+      for (int e = 0; e < kTraceEvents; ++e) dump[kWaitSlots + e] = trace[e] - *origin;
     }
   }
 #else
@@ -99,7 +125,7 @@ struct WaitClock {
   __device__ __forceinline__ void count(int) const {}
   __device__ __forceinline__ WaitClock at_pair(int, bool) const { return *this; }
   __device__ __forceinline__ void mark(int) const {}
-  __device__ __forceinline__ void print(int) const {}
+  __device__ __forceinline__ void store(int) const {}
 #endif
 };
 
