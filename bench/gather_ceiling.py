@@ -4,9 +4,10 @@ loads) and keeps only a checksum, so the bytes it moves are the rows' alone. It 
 (576 bytes) and bf16 rows (1152 bytes) at three slot layouts: the bench's (a random permutation,
 ddtree_op.synthetic), pages of 64 consecutive slots in random order (bench.paged_fp8's layout) and
 one contiguous run. Its ratio e4m3 / bf16 at a layout is the best an FP8 cache can do against the
-bf16 one there, whatever the kernel:
+bf16 one there, whatever the kernel. The rows must outgrow the L2 for the rate to be DRAM's (a case
+whose e4m3 rows fit twice in it is flagged):
 
-  python -m bench.gather_ceiling H16_n1_B32_P8192,H16_n1_B8_P8192
+  python -m bench.gather_ceiling H16_n1_B32_P8192,H16_n1_B32_P4096
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _gather_checksum(pool, slots, sums, num_keys, ROW_WORDS: tl.constexpr, WORDS
 
 
 def slot_layouts(num_keys: int, num_slots: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """Slot ids (int32, on the GPU) of num_keys keys in each layout, over a pool of num_slots rows."""
+    """Slot ids (int64, on the host) of num_keys keys in each layout, over a pool of num_slots rows."""
     pages = (num_keys + PAGE - 1) // PAGE
     page_order = torch.randperm(num_slots // PAGE, generator=generator)[:pages]
     paged = (page_order[:, None] * PAGE + torch.arange(PAGE)[None, :]).flatten()[:num_keys]
@@ -61,6 +62,7 @@ def time_gather(pool_words: torch.Tensor, slots: torch.Tensor) -> float:
 
 def main(argv=None) -> None:
     from bench.cases import case_named
+    from bench.verify import L2_BYTES
 
     names = (argv if argv is not None else sys.argv[1:]) or ["H16_n1_B32_P8192"]
     generator = torch.Generator().manual_seed(0)
@@ -68,6 +70,9 @@ def main(argv=None) -> None:
     for name in ",".join(names).split(","):
         case = case_named(name)
         num_keys = sum(p + n for p, n in zip(case.prefix_lens, case.draft_lens))
+        if num_keys * ROW_BYTES["e4m3"] < 2 * L2_BYTES:
+            print(f"{name}: its e4m3 rows ({num_keys * ROW_BYTES['e4m3'] / 2**20:.0f} MiB) are under twice the L2: "
+                  "partly L2's rate", flush=True)
         num_slots = (num_keys + 64 + PAGE - 1) // PAGE * PAGE  # as ddtree_op.synthetic's pool: a few spare slots
         layouts = slot_layouts(num_keys, num_slots, generator)
         seconds = {}

@@ -51,13 +51,11 @@ def main(argv=None):
     parser.add_argument("--fp8", action="store_true",
                         help="the whole step with an FP8 e4m3 cache (slots, or pages with paged:BACKEND)")
     args = parser.parse_args(argv)
-    if args.schedule != "auto":  # as bench/time_schedules.py forces it
-        import ddtree_op.backends.sm90.attention as sm90_attention
+    import ddtree_op.backends.sm90.attention as sm90_attention
 
+    if args.schedule != "auto":  # as bench/time_schedules.py forces it
         sm90_attention.use_persistent = lambda *shape: args.schedule == "persistent"
     if args.splits:
-        import ddtree_op.backends.sm90.attention as sm90_attention
-
         sm90_attention.sm90_splits = lambda *shape: args.splits
     try:
         case = case_named(args.case)

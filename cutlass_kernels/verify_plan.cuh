@@ -273,7 +273,8 @@ __device__ __forceinline__ int split_piece_units(const PlanArgs& a, const Batch&
 // synchronises the block). Batch has num_draft(b) and keys_before(b) (the verify indptr). `clock`
 // times its phases in a debug build (plan_clocks.cuh).
 template <int kThreads, class Batch>
-__device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch& batch, int plan_block, PlanClock& clock) {
+__device__ __forceinline__ void build_verify_plan(const PlanArgs& a, const Batch& batch, int plan_block,
+                                                  const PlanClock& clock) {
   static_assert(kPlanChunk % kThreads == 0, "a chunk is whole requests per thread");
   static_assert(kLaneSharesMaxBatch <= kPlanChunk, "lane by lane, the row block entries need the batch in one chunk");
   static_assert(kLongestFirstMaxBatch <= kPlanChunk, "longest first, the pieces' order needs the batch in one chunk");
