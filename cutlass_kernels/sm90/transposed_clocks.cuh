@@ -20,9 +20,10 @@ enum TransposedWait : int { kTileLanding, kSRetire, kPartnerBarriers, kORetire, 
 
 #ifdef DDTREE_WAIT_CLOCKS
 // CTA 0's sums, by role (GEMM warpgroups 0, 1, the gather): rows, count (pairs or tiles), cycles, waits.
-__device__ unsigned long long transposed_clock_sums[3][3 + kTransposedWaits];
+// Static, as the printer and its launch: the bf16 and fp16 sources each have their own.
+static __device__ unsigned long long transposed_clock_sums[3][3 + kTransposedWaits];
 
-__global__ void print_transposed_clocks() {
+static __global__ void print_transposed_clocks() {
   const auto& s = transposed_clock_sums;
   for (int w = 0; w < 2; ++w) {
     printf("wait_clocks cta0 transposed N=%llu GEMM warpgroup %d: pairs %llu, %llu cycles; tile landing %llu, "
@@ -93,7 +94,7 @@ __device__ __forceinline__ TransposedClock transposed_clock(State& st, int role,
 }
 
 // After the kernel, on its stream: CTA 0's sums printed (the debug build only).
-inline void print_transposed_clocks_after(cudaStream_t stream) {
+static inline void print_transposed_clocks_after(cudaStream_t stream) {
 #ifdef DDTREE_WAIT_CLOCKS
   print_transposed_clocks<<<1, 1, 0, stream>>>();
 #else

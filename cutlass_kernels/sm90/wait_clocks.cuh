@@ -50,10 +50,11 @@ constexpr int kTracedPair = 16;  // of the CTA's pairs (all its segments): well 
 
 #ifdef DDTREE_WAIT_CLOCKS
 // CTA (0, 0)'s sums and traced pair by role (WaitClock::store), printed by a launch after the
-// kernel: a printf in the kernel would make ptxas serialise its wgmma (C7510).
-__device__ unsigned wait_clock_dump[kWaitRoles][kWaitSlots + kTraceEvents];
+// kernel: a printf in the kernel would make ptxas serialise its wgmma (C7510). Static, as the
+// printer and its launch: each kernel source has its own (one library links several).
+static __device__ unsigned wait_clock_dump[kWaitRoles][kWaitSlots + kTraceEvents];
 
-__global__ void print_wait_clocks() {
+static __global__ void print_wait_clocks() {
   for (int role = 0; role < kWaitRoles; ++role) {
     const unsigned* const slots = wait_clock_dump[role];
     int t[kTraceEvents];
@@ -80,7 +81,7 @@ __global__ void print_wait_clocks() {
 #endif
 
 // After the kernel, on its stream: CTA (0, 0)'s waits printed (the debug build only).
-inline void print_wait_clocks_after(cudaStream_t stream) {
+static inline void print_wait_clocks_after(cudaStream_t stream) {
 #ifdef DDTREE_WAIT_CLOCKS
   print_wait_clocks<<<1, 1, 0, stream>>>();
 #else
