@@ -23,6 +23,21 @@ __device__ __forceinline__ void tma_load_box(const CUtensorMap* map, uint32_t sm
                : "memory");
 }
 
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) global -> shared by the TMA unit,
+// counted on `mbar`: one instruction a KV row, however scattered the rows are.
+__device__ __forceinline__ void bulk_copy(uint32_t smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* mbar) {
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_dst),
+               "l"(gmem_src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// This thread's arrival on `mbar`, announcing `bytes` of copies that complete on it.
+__device__ __forceinline__ void arrive_expecting(uint64_t* mbar, uint32_t bytes) {
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
 // Announces `bytes` of TMA data, then `count` arrivals at once (the 128 gather threads' share).
 __device__ __forceinline__ void expect_bytes(uint64_t* mbar, uint32_t bytes) {
   const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(mbar));

@@ -1,5 +1,5 @@
 // The gather warpgroup of the transposed e4m3 kernel (verify_attention_transposed.cuh): the piece's
-// 64-key tiles of 576-byte e4m3 rows by slot, with 16-byte cp.async into the stages, and each
+// 64-key tiles of 576-byte e4m3 rows by slot, a bulk copy (TMA) a row into the stages, and each
 // tile's keys that have a slot as bits.
 #pragma once
 
@@ -23,53 +23,49 @@ struct TransposedGatherPlan {
   int kv_begin, kv_end, num_tiles;  // the piece's keys, [kv_begin, kv_end) of the request's
 };
 
+// The gather threads that copy: one key of a tile each (lanes 0-15 of the four warps).
+constexpr int kTransposedCopyThreads = 64;
+
 // The piece's tiles into the stages (tile i into stage i % kStages, after both GEMM warpgroups
-// released its previous tile). Lane l of warp w holds the slot id of the tile's key 16 w + l % 16
-// (-1 past the piece's keys), loaded a tile ahead, in one of two registers that even and odd
-// tiles swap; the copies get their ids by shuffle, so no copy waits for an id's load. A key
-// without a slot is copied as zeros and its bit is clear. The GEMMs take whole pairs, at least
-// one: a piece of an odd number of tiles (or of none) gets empty ones, whose keys are all
-// without a slot.
+// released its previous tile), one bulk copy a key: lane l < 16 of warp w copies key 16 w + l of
+// each tile, whose slot id lanes l and l + 16 hold, loaded a tile ahead in one of two registers
+// that even and odd tiles swap. A key without a slot (-1 past the piece's keys) gets a row of
+// zeros and its bit is clear. The GEMMs take whole pairs, at least one: a piece of an odd number
+// of tiles (or of none) gets empty ones, whose keys are all without a slot.
 template <int N>
 __device__ __forceinline__ void transposed_gather(const TransposedGatherPlan& plan, typename TransposedTraits<N>::State& st,
                                                   TransposedBarriers& bars, uint32_t smem, int t) {
   using T = TransposedTraits<N>;
-  constexpr int kRowBytes = T::kRowBytes;
-  const int lane = t % 32, warp = t / 32;
+  constexpr uint32_t kRowBytes = T::kRowBytes;
+  const int lane = t % 32, warp = t / 32, key = 16 * warp + lane % 16;
   const int tiles = transposed_pairs_of(plan.num_tiles) * 2;
   auto load_slot = [&](int tile) {
-    const int key = plan.kv_begin + tile * T::kKeys + 16 * warp + lane % 16;
-    return key < plan.kv_end ? plan.slots[key] : -1;
+    const int at = plan.kv_begin + tile * T::kKeys + key;
+    return at < plan.kv_end ? plan.slots[at] : -1;
   };
   const TransposedClock clock = transposed_clock(st, 2, t == 0);
-  auto issue_tile = [&](int tile, int now, int& next) {
+  auto issue_tile = [&](int tile, int slot, int& next) {
     next = tile + 1 < tiles ? load_slot(tile + 1) : -1;
     const int stage = tile % T::kStages;
     clock.tick();
     const unsigned since = clock.now();
     if (tile >= T::kStages) cutlass::arch::ClusterBarrier::wait(&bars.empty[stage], (tile / T::kStages - 1) & 1);
     clock.add(kStageRelease, since);
-    const uint32_t dst = smem + T::kStagesOffset + stage * T::kStageBytes;
-    auto copy = [&](int key, int unit, int slot) {
-      const uint8_t* const src = slot >= 0 ? plan.kv + int64_t(slot) * plan.kv_row_bytes + 16 * unit : plan.kv;
-      cp_async_16(dst + key * kRowBytes + 16 * stage_unit(key, unit), src, slot >= 0);
-    };
-#pragma unroll 1
-    for (int i = 0; i < 4; ++i) {  // four keys a warp instruction, 128 contiguous bytes each
-      const int key = 16 * warp + 4 * i + lane / 8;
-      const int slot = __shfl_sync(0xffffffffu, now, key % 16);
+    const uint32_t bits = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;
+    if (lane == 0) st.key_bits[stage][warp] = static_cast<uint16_t>(bits);  // before lane 0 arrives
+    if (lane >= 16) return;
+    const uint32_t row = smem + T::kStagesOffset + stage * T::kStageBytes + stage_key_byte(key);
+    if (slot >= 0) {
+      arrive_expecting(&bars.full[stage], kRowBytes);
+      bulk_copy(row, plan.kv + int64_t(slot) * plan.kv_row_bytes, kRowBytes, &bars.full[stage]);
+    } else {
+      // Zeros, so that O^T's zero probabilities meet finite values; ordered before the bulk copy
+      // that next writes the row (another proxy).
 #pragma unroll
-      for (int g = 0; g < 4; ++g) copy(key, 8 * g + lane % 8, slot);
-    }
-#pragma unroll 1
-    for (int h = 0; h < 2; ++h) {  // the rope's four units, eight keys a warp instruction
-      const int key = 16 * warp + 8 * h + lane / 4;
-      copy(key, 32 + lane % 4, __shfl_sync(0xffffffffu, now, key % 16));
-    }
-    cutlass::arch::cpasync_barrier_arrive_noinc(&bars.full[stage]);
-    const uint32_t bits = __ballot_sync(0xffffffffu, now >= 0) & 0xffffu;
-    if (lane == 0) {
-      st.key_bits[stage][warp] = static_cast<uint16_t>(bits);
+      for (uint32_t b = 0; b < kRowBytes; b += 16) {
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(row + b), "r"(0) : "memory");
+      }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
       cutlass::arch::ClusterBarrier::arrive(&bars.full[stage]);
     }
   };
@@ -78,7 +74,6 @@ __device__ __forceinline__ void transposed_gather(const TransposedGatherPlan& pl
     issue_tile(tile, even, odd);
     issue_tile(tile + 1, odd, even);
   }
-  asm volatile("cp.async.wait_all;\n" ::: "memory");  // no copy outlives its thread
   clock.store(2, N);
 }
 

@@ -96,7 +96,7 @@ __device__ __forceinline__ void transposed_pair_loop(const TransposedKeys& keys,
   using T = TransposedTraits<N>;
   using Element = typename T::Element;
   using NamedBarrier = cutlass::arch::NamedBarrier;
-  constexpr int kCols = N / 4, kKeys = T::kKeys, kRowBytes = T::kRowBytes;
+  constexpr int kCols = N / 4, kKeys = T::kKeys;
   const int lane = t % 32, warp = t / 32, g = lane / 4, q = lane % 4;
   const int r0 = 16 * warp + g;  // the thread's keys of a tile: r0, r0 + 8
 
@@ -129,10 +129,10 @@ __device__ __forceinline__ void transposed_pair_loop(const TransposedKeys& keys,
     constexpr int kSteps = T::kSteps, kGroups = T::kChunks * T::kSplit;
     // Group G: chunk G / kSplit, its words (k-steps) kSteps (G % kSplit) on.
     auto load_k = [&](int group, uint32_t (&words)[2][kSteps]) {
-      const int c = group / T::kSplit;  // keys r0 and r0 + 8 share their units' places
+      const int c = group / T::kSplit;
       const uint32_t at = my_stage + k_load_byte(r0, c, q) + 4 * kSteps * (group % T::kSplit);
       ld_shared_words(at, words[0]);
-      ld_shared_words(at + 8 * kRowBytes, words[1]);
+      ld_shared_words(at + stage_key_byte(8), words[1]);  // key r0 + 8: four pairs on
     };
     warpgroup_fence_operand(acc_s);
     mma.accumulate_ = GMMA::ScaleOut::Zero;
@@ -261,7 +261,8 @@ __device__ __forceinline__ void transposed_pair_loop(const TransposedKeys& keys,
       constexpr int kBlocks = T::kBlocks, kWords = kBlocks / 2;
       const int tile = 2 * pair + t2;
       const uint32_t stage = smem + T::kStagesOffset + (tile % T::kStages) * T::kStageBytes;
-      const uint32_t v_col = v_load_column(w, warp, g, q);
+      // The thread's keys are 2 q on from a group's: stage_key_byte adds over an even first key.
+      const uint32_t v_at = stage + stage_key_byte(2 * q) + v_load_column(w, warp, g);
       auto& p_desc = t2 == 0 ? p_desc0 : p_desc1;
       // Group (k-step s, m-half mh): kBlocks m-blocks from mh kBlocks on.
       cute::for_each(make_int_sequence<4 * T::kSplit>{}, [&](auto group_) {
@@ -271,8 +272,7 @@ __device__ __forceinline__ void transposed_pair_loop(const TransposedKeys& keys,
         uint32_t v_words[4][kWords];
 #pragma unroll
         for (int he = 0; he < 4; ++he) {
-          const int key = 16 * s + 8 * (he / 2) + 2 * q + he % 2;
-          ld_shared_words(stage + key * kRowBytes + v_col + 4 * kWords * mh, v_words[he]);
+          ld_shared_words(v_at + stage_key_byte(16 * s + 8 * (he / 2) + he % 2) + 4 * kWords * mh, v_words[he]);  // key + 2 q
         }
         warpgroup_wait<T::kBuffers - 1>();
         warpgroup_fence_operand(a);

@@ -51,21 +51,19 @@ __host__ __device__ inline uint32_t q_tile_byte_offset(int rows, int n, int c, i
   return uint32_t(c * rows * 128) + p_tile_byte_offset(n, position);
 }
 
-// The e4m3 stage: row-major, 64 keys x 576 bytes. The 16-byte unit u < 32 (the latent) of key k
-// sits at unit u ^ 2 ((k >> 1) & 3), so that O^T's 8-byte loads of V (a half-warp reads four keys
-// two apart, whose rows lie 1152 bytes = 0 mod 128 apart) hit 32 distinct banks; S^T's 16-byte
-// loads of K (two keys a quarter-warp) stay conflict-free, and the rope's units stay in place.
-__host__ __device__ constexpr int stage_unit(int key, int unit) { return unit < 32 ? unit ^ (2 * ((key >> 1) & 3)) : unit; }
+// The e4m3 stage: each key's 576 bytes whole (one bulk copy a row), keys k and k + 1 (k even)
+// adjacent and each such pair 32 bytes after the last, so that O^T's 8-byte loads of V (a
+// half-warp reads four keys two apart: 1184 bytes = 32 mod 128 apart) hit 32 distinct banks, and
+// S^T's 16-byte loads of K (keys k, k + 1 a quarter-warp: 576 = 64 mod 128 apart) no bank twice.
+__host__ __device__ constexpr int stage_key_byte(int key) { return key * 576 + 32 * (key >> 1); }
+constexpr int kTransposedStageBytes = stage_key_byte(64);  // a 64-key tile
 
 // S^T: the stage byte of the 16 bytes of chunk c (0..8) that quad lane q takes from key `key`.
-__host__ __device__ constexpr int k_load_byte(int key, int c, int q) { return key * 576 + 16 * stage_unit(key, 4 * c + q); }
+__host__ __device__ constexpr int k_load_byte(int key, int c, int q) { return stage_key_byte(key) + 16 * (4 * c + q); }
 
-// O^T: the byte within a key's row of the 8 bytes that thread (warp w, r = lane / 4, q = lane % 4)
-// of warpgroup wg loads from the keys 16 s + 8 h + 2 q + e it takes (whose (key >> 1) & 3 is q):
-// columns 256 wg + 8 (8 w + r) .. + 7 (v_output_column), at stage_unit of their unit.
-__host__ __device__ constexpr int v_load_column(int wg, int w, int r, int q) {
-  return 16 * ((16 * wg + 4 * w + r / 2) ^ (2 * q)) + 8 * (r % 2);
-}
+// O^T: the byte within a key's row of the 8 bytes that thread (warp w, r = lane / 4) of warpgroup
+// wg loads from each key it takes: columns 256 wg + 8 (8 w + r) .. + 7 (v_output_column).
+__host__ __device__ constexpr int v_load_column(int wg, int w, int r) { return 256 * wg + 64 * w + 8 * r; }
 
 // The two e4m3 values of a word's half (the first in its low byte) as fp16x2: one instruction,
 // exact (every e4m3 value is an fp16 value). The half is picked inside the asm: a 16-bit argument

@@ -14,6 +14,7 @@
 
 #include "../contract.cuh"
 #include "transposed_clocks.cuh"
+#include "transposed_operands.cuh"  // the stage's layout
 
 namespace ddtree::sm90 {
 
@@ -23,7 +24,7 @@ using namespace cute;
 // sets them up before it knows its rows. Stages up to kMaxTransposedStages.
 constexpr int kMaxTransposedStages = 5;
 struct TransposedBarriers {
-  uint64_t full[kMaxTransposedStages];   // a stage's copies (128 threads) and key bits (4 warps) are in
+  uint64_t full[kMaxTransposedStages];   // a stage's rows (64 bulk copies) and key bits are in
   uint64_t empty[kMaxTransposedStages];  // both GEMM warpgroups are done with a stage
 };
 
@@ -52,10 +53,10 @@ struct TransposedTraits {
   // (at N = 32 four serialise the wgmma pipeline beside O^T's 64 accumulator registers: C7512).
   static constexpr int kBuffers = N == 64 ? 2 : N == 32 ? 3 : 4;
   static constexpr int kQBytes = N * kQkDim * 2;
-  static constexpr int kStageBytes = kKeys * kRowBytes;
-  // e4m3 stages: as many as fit beside q (a tile's 36 KB is ~1.4 us of an SM's share of the
+  static constexpr int kStageBytes = kTransposedStageBytes;  // transposed_operands.cuh: the rows' places
+  // e4m3 stages: as many as fit beside q (a tile's 37 KB is ~1.4 us of an SM's share of the
   // bandwidth, about one memory latency).
-  static constexpr int kStages = N == 64 ? 3 : 5;
+  static constexpr int kStages = N == 64 ? 3 : N == 32 ? 4 : 5;
   static_assert(kStages <= kMaxTransposedStages, "TransposedBarriers holds them");
   static constexpr int kStagesOffset = kQBytes;
   static constexpr int kPOffset = kStagesOffset + kStages * kStageBytes;  // P0, then P1

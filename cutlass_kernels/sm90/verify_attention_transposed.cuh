@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(TransposedTraits<16>::kThreads, 1)
   // Set-up that reads nothing another kernel writes, while the preparation may still run.
   if (threadIdx.x == 0) {
     for (int s = 0; s < kMaxTransposedStages; ++s) {
-      cutlass::arch::ClusterBarrier::init(&bars.full[s], 128 + 4);  // the copies, and each warp's key bits
+      cutlass::arch::ClusterBarrier::init(&bars.full[s], kTransposedCopyThreads);  // one arrival a key
       cutlass::arch::ClusterBarrier::init(&bars.empty[s], TransposedTraits<16>::kMmaThreads);
     }
     cutlass::arch::fence_barrier_init();

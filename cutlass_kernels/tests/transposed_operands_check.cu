@@ -12,8 +12,8 @@
 // 5. The accumulators of the 64 x N RS atom (N = 16, 32, 64; S^T, or O^T's two m-blocks at 128 x N):
 //    value c + 2 r + 4 j (+ N / 2 b) of thread t is row 16 (t / 32) + (t % 32) / 4 + 8 r (+ 64 b),
 //    column 8 j + 2 (t % 4) + c.
-// 6. The e4m3 stage: stage_unit permutes each row's 36 units; S^T's 16-byte K loads (k_load_byte)
-//    and O^T's 8-byte V loads (v_load_column) read the units that hold their bytes, without bank
+// 6. The e4m3 stage: whole rows at stage_key_byte, 16-byte aligned and apart; S^T's 16-byte K
+//    loads (k_load_byte) and O^T's 8-byte V loads (v_load_column) read their bytes without bank
 //    conflicts (a quarter-warp's 16-byte loads, a half-warp's 8-byte loads).
 // 7. stmatrix.trans with the probs_store_row / probs_store_key addresses (the PTX semantics
 //    emulated: element (i, j) of a lane-fragment matrix lands in memory row j at column i) puts S^T's
@@ -84,11 +84,10 @@ void check_probs_store(Report& report) {
 
 template <class Report>
 void check_stage(Report& report) {
-  for (int key = 0; key < 64; ++key) {
-    int seen[36] = {};
-    for (int u = 0; u < 36; ++u) seen[stage_unit(key, u)]++;
-    for (int u = 0; u < 36; ++u) {
-      if (seen[u] != 1) report("6 stage permutation", key, u);
+  for (int key = 0; key < 64; ++key) {  // whole rows, 16-byte aligned (bulk copies), apart, inside the stage
+    const int at = stage_key_byte(key);
+    if (at % 16 != 0 || (key > 0 && at < stage_key_byte(key - 1) + 576) || at + 576 > kTransposedStageBytes) {
+      report("6 stage rows", key, at);
     }
   }
   for (int w = 0; w < 4; ++w) {
@@ -98,8 +97,8 @@ void check_stage(Report& report) {
           int groups[8] = {};
           for (int lane = 8 * quarter; lane < 8 * quarter + 8; ++lane) {
             const int key = 16 * w + lane / 4 + 8 * e, q = lane % 4;
-            const int at = k_load_byte(16 * w + lane / 4, c, q) + 8 * e * 576;
-            if (at != k_load_byte(key, c, q) || at != key * 576 + 16 * stage_unit(key, 4 * c + q)) report("6 K load", lane, c);
+            const int at = k_load_byte(16 * w + lane / 4, c, q) + e * stage_key_byte(8);
+            if (at != k_load_byte(key, c, q) || at != stage_key_byte(key) + 64 * c + 16 * q) report("6 K load", lane, c);
             groups[(at / 16) % 8]++;
           }
           for (int b = 0; b < 8; ++b) {
@@ -116,8 +115,8 @@ void check_stage(Report& report) {
           for (int lane = 16 * half; lane < 16 * half + 16; ++lane) {
             const int r = lane / 4, q = lane % 4, key = 16 * s + 8 * h + 2 * q + e;
             const int col = 256 * wg + 8 * (8 * w + r);
-            const int at = key * 576 + v_load_column(wg, w, r, q);
-            if (at != key * 576 + 16 * stage_unit(key, col / 16) + col % 16) report("6 V load", lane, he);
+            const int at = stage_key_byte(key) + v_load_column(wg, w, r);
+            if (at != stage_key_byte(key) + col) report("6 V load", lane, he);
             banks[(at / 4) % 32]++;
             banks[(at / 4 + 1) % 32]++;
           }
