@@ -1,11 +1,13 @@
 # Shared by the device A/B scripts (sourced, not run).
 
-# Appends variant TREE's test log (/tmp/tests_TREE.log) to $OUT/tests.log; succeeds if its tests
-# passed, else says that the variant is not timed.
+# Appends variant TREE's test log (/tmp/tests_TREE.log: pytest's, or bench/parallel_tests.py's) to
+# $OUT/tests.log; succeeds if its tests passed, else says that the variant is not timed.
 variant_tests_passed() {
   local tree=$1 summary
   { echo "== $tree"; grep -v DEBUG "/tmp/tests_$tree.log" | tail -n 4; } >> "$OUT/tests.log"
   summary=$(grep -v DEBUG "/tmp/tests_$tree.log" | tail -n 1)
+  summary=${summary#total: }  # parallel_tests' last line
+  grep -q "CUT BY THE TIMEOUT" "/tmp/tests_$tree.log" && summary="cut: $summary"
   [[ "$summary" =~ ^[0-9]+\ passed && "$summary" != *failed* && "$summary" != *error* ]] && return 0
   echo "$tree: tests failed or timed out, not timed"
   return 1

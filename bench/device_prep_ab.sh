@@ -34,10 +34,12 @@ wait
 for tree in "${trees[@]}"; do echo "== $tree"; grep -v DEBUG "/tmp/build_$tree.log" | tail -n 2; done > "$OUT/build.log"
 echo "built at $SECONDS s"
 tests=(tests/test_gpu_prep.py tests/test_bounds_safety.py tests/test_bounds_args.py)
+# In TEST_PROCESSES processes a tree (one took over 240 s on an H100), cut at TEST_TIMEOUT.
+test_timeout=${TEST_TIMEOUT:-240}
 for tree in "$@"; do
   [[ "$untested" == *" $tree "* ]] && continue
-  in_tree "$tree" timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider "${tests[@]}" \
-    > "/tmp/tests_$tree.log" 2>&1 &
+  in_tree "$tree" timeout "$test_timeout" python3 "$root/bench/parallel_tests.py" --processes "${TEST_PROCESSES:-6}" \
+    --timeout $((test_timeout - 40)) "${tests[@]}" > "/tmp/tests_$tree.log" 2>&1 &
 done
 wait
 timed=(main)
