@@ -4,8 +4,8 @@
 // CTA 0's copy their sums to device memory when the piece is done, and a one-thread launch after
 // the kernel prints them (a printf in the kernel would serialise its wgmma: C7510). Beside a forced
 // split count (profile_case --splits) it tells whether tiles land later when every SM streams than
-// when few do. ptxas: the clock build spills 4 B; without the macro every call here compiles to
-// nothing (the kernel's SASS is unchanged).
+// when few do. ptxas: the clock build spills nothing (bench/results/2026-12-07_cpu_ptxas_b3b2c21/);
+// without the macro every call here compiles to nothing (the kernel's SASS is unchanged).
 #pragma once
 
 #include <cuda_runtime.h>
