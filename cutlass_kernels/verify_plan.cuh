@@ -179,18 +179,27 @@ __host__ __device__ __forceinline__ int64_t piece_unit_range(int64_t units, int 
   return int64_t(begin) << 32 | (begin + q + (k < r ? 1 : 0));
 }
 
+// a / b for a >= 0, b > 0, in 32 bits where both fit: a 64-bit division is a long routine, and the
+// plan's few are on its one thread's critical path.
+__device__ __forceinline__ int64_t plan_div(int64_t a, int64_t b) {
+  if (((a | b) >> 32) == 0) return static_cast<uint32_t>(a) / static_cast<uint32_t>(b);
+  return a / b;
+}
+
 // What the plan's choices need of the whole batch, reduced over the block (every thread gets it).
 struct BatchTotals {
   int64_t work;     // items (row block, unit) of all requests
   int64_t rows;     // row blocks of all requests
   int64_t longest;  // units of the longest request with row blocks
   int64_t lanes;    // row blocks of every request where they all have the same, else -1
+  int64_t units;    // units of every request where they all have the same, else -1
 };
 template <int kThreads, class Batch>
 __device__ __forceinline__ BatchTotals batch_totals(const PlanArgs& a, const Batch& batch) {
-  int64_t first_blocks = 0, first_units;
+  int64_t first_blocks = 0, first_units = 0;
   if (a.batch > 0) request_work(a, batch, 0, first_blocks, first_units);
-  int64_t v[4] = {0, 0, 0, 0};  // work, rows, longest, whether a request's row blocks differ from the first's
+  // work, rows, longest, whether a request's row blocks differ from the first's, whether its units do
+  int64_t v[5] = {0, 0, 0, 0, 0};
   for (int b = threadIdx.x; b < a.batch; b += kThreads) {
     int64_t blocks, units;
     request_work(a, batch, b, blocks, units);
@@ -198,9 +207,10 @@ __device__ __forceinline__ BatchTotals batch_totals(const PlanArgs& a, const Bat
     v[1] += blocks;
     if (blocks > 0 && units > v[2]) v[2] = units;
     if (blocks != first_blocks) v[3] = 1;
+    if (units != first_units) v[4] = 1;
   }
-  block_reduce<kThreads, 4, 0b1100>(v);
-  return {v[0], v[1], v[2], v[3] == 0 ? first_blocks : -1};
+  block_reduce<kThreads, 5, 0b11100>(v);
+  return {v[0], v[1], v[2], v[3] == 0 ? first_blocks : -1, v[4] == 0 ? first_units : -1};
 }
 
 // The persistent kernel's choice (persistent_schedule.py): equal shares where the longest piece
@@ -218,14 +228,15 @@ __device__ __forceinline__ PlanChoice plan_choice(const PlanArgs& a, const Batch
   const int64_t row_blocks = t.rows < a.capacity ? t.rows : a.capacity;
   PlanChoice c{false, 0, total < ctas ? total : ctas};
   if (total <= 0) return c;
-  const int64_t longest_piece = (t.longest + splits - 1) / splits;
-  const int64_t share = (total + c.used - 1) / c.used;
-  const int64_t waves = (row_blocks * splits + ctas - 1) / ctas;
+  const int64_t longest_piece = plan_div(t.longest + splits - 1, splits);
+  const int64_t share = plan_div(total + c.used - 1, c.used);
+  const int64_t waves = plan_div(row_blocks * splits + ctas - 1, ctas);
   const bool pieces_fit = splits == 1 || row_blocks * splits <= 2 * ctas;
   c.equal = !pieces_fit || share + kCutCostUnits < waves * longest_piece;
   const int64_t lanes = t.lanes;
   if (!c.equal || a.batch > kLaneSharesMaxBatch || lanes < 1 || t.rows > a.capacity) return c;
-  const int64_t per_lane = total / lanes, parts = ctas / lanes < per_lane ? ctas / lanes : per_lane;
+  const int64_t per_lane = plan_div(total, lanes), lane_ctas = plan_div(ctas, lanes);
+  const int64_t parts = lane_ctas < per_lane ? lane_ctas : per_lane;
   if (parts < 1 || 8 * lanes * parts < int64_t(kLaneSharesMinUse) * ctas) return c;
   c.lanes = static_cast<int>(lanes);
   c.used = lanes * parts;
@@ -253,12 +264,20 @@ __device__ __forceinline__ int split_piece_units(const PlanArgs& a, const Batch&
   };
   // The least c in [lo, hi] that fits (hi, the longest row block, fits: one piece each). The
   // lower bound is the answer for equal requests, so it is tried first.
-  int lo = static_cast<int>(budget > 0 ? (work + budget - 1) / budget : 1), hi = static_cast<int>(longest);
+  int lo = static_cast<int>(budget > 0 ? plan_div(work + budget - 1, budget) : 1), hi = static_cast<int>(longest);
   // At most kPieceSlotsPerSplit * splits pieces a row block: its partial slots.
   const int64_t slots = int64_t(kPieceSlotsPerSplit) * a.splits;
-  if ((longest + slots - 1) / slots > lo) lo = static_cast<int>((longest + slots - 1) / slots);
+  const int64_t slot_bound = plan_div(longest + slots - 1, slots);
+  if (slot_bound > lo) lo = static_cast<int>(slot_bound);
   if (lo < 1) lo = 1;
   if (hi < lo) hi = lo;
+  if (t.lanes > 0 && t.units >= 0) {
+    // Equal requests (R row blocks of U units each): c fits where rows * ceil(U / c) <= budget,
+    // so the least c that does is ceil(U / floor(budget / rows)), without a search.
+    const int64_t per_row = plan_div(budget, rows);  // >= 1: budget >= rows
+    const int least = static_cast<int>(plan_div(t.units + per_row - 1, per_row));
+    return least > lo ? least : lo;
+  }
   if (fits(lo)) return lo;
   ++lo;
   while (lo < hi) {
