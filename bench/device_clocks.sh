@@ -2,8 +2,9 @@
 # The debug clocks of trees under .snap/ (bench/snapshot_trees.sh) in one device call: builds
 # with ${CLOCK_FLAGS} (default both -DDDTREE_WAIT_CLOCKS, for transposed_clocks.cuh and
 # wait_clocks.cuh, and -DDDTREE_PLAN_CLOCKS, for plan_clocks.cuh), in parallel, then per tree
-#  - the transposed FP8 kernel's waits on ${WAIT_CASES} at each forced split count in ${SPLITS}
-#    (0: auto's), so that tile landing under load (many CTAs) is read beside few CTAs;
+#  - the transposed FP8 kernel's waits (CTA 0) and every CTA's timeline on ${WAIT_CASES} at each
+#    forced split count in ${SPLITS} (0: auto's), so that tile landing under load (many CTAs) is
+#    read beside few CTAs; ${CLOCK_ITERS} launches each (default 1: a block of lines a launch);
 #  - the plan's phases (medians over launches) in the whole bf16 step on ${PLAN_CASES}, and hot
 #    (bench.time_prepare --plan).
 # An empty list skips its part (WAIT_CASES= or PLAN_CASES=).
@@ -37,7 +38,7 @@ for tree in "$@"; do
     for splits in ${SPLITS:-0 1 2}; do
       echo "== $tree $shape --fp8 --splits $splits"
       DDTREE_SM90_FP8_KERNEL=transposed in_snap_tree "$tree" timeout 90 python3 -m bench.profile_case "$shape" \
-        --backend sm90 --fp8 --splits "$splits" --iters 1 2>&1 | grep -E "^wait_clocks cta0 transposed"
+        --backend sm90 --fp8 --splits "$splits" --iters "${CLOCK_ITERS:-1}" 2>&1 | grep -E "^wait_clocks (cta0|timeline) transposed"
     done
   done > "$OUT/wait_clocks_$tree.log"
   for shape in ${PLAN_CASES-H16_n4_B1_P1024 H16_n1_B8_P8192 H16_n1_B32_P8192}; do
