@@ -4,7 +4,9 @@
 # wait_clocks.cuh, and -DDDTREE_PLAN_CLOCKS, for plan_clocks.cuh), in parallel, then per tree
 #  - the transposed FP8 kernel's waits (CTA 0) and every CTA's timeline on ${WAIT_CASES} at each
 #    forced split count in ${SPLITS} (0: auto's), so that tile landing under load (many CTAs) is
-#    read beside few CTAs; ${CLOCK_ITERS} launches each (default 1: a block of lines a launch);
+#    read beside few CTAs; then the bf16 kernel's (split or persistent, as auto picks) on
+#    ${BF16_WAIT_CASES} (default none); ${CLOCK_ITERS} launches each (default 1: a block of lines
+#    a launch);
 #  - the plan's phases (medians over launches) in the whole bf16 step on ${PLAN_CASES}, and hot
 #    (bench.time_prepare --plan).
 # An empty list skips its part (WAIT_CASES= or PLAN_CASES=).
@@ -34,13 +36,20 @@ print(f"{len(rows)} launches; median cycles:", ", ".join(f"{n} {statistics.media
 }
 
 for tree in "$@"; do
-  for shape in ${WAIT_CASES-H16_n1_B32_P8192 H16_n1_B8_P8192}; do
-    for splits in ${SPLITS:-0 1 2}; do
-      echo "== $tree $shape --fp8 --splits $splits"
-      DDTREE_SM90_FP8_KERNEL=transposed in_snap_tree "$tree" timeout 90 python3 -m bench.profile_case "$shape" \
-        --backend sm90 --fp8 --splits "$splits" --iters "${CLOCK_ITERS:-1}" 2>&1 | grep -E "^wait_clocks (cta0|timeline) transposed"
+  {
+    for shape in ${WAIT_CASES-H16_n1_B32_P8192 H16_n1_B8_P8192}; do
+      for splits in ${SPLITS:-0 1 2}; do
+        echo "== $tree $shape --fp8 --splits $splits"
+        DDTREE_SM90_FP8_KERNEL=transposed in_snap_tree "$tree" timeout 90 python3 -m bench.profile_case "$shape" \
+          --backend sm90 --fp8 --splits "$splits" --iters "${CLOCK_ITERS:-1}" 2>&1 | grep -E "^wait_clocks"
+      done
     done
-  done > "$OUT/wait_clocks_$tree.log"
+    for shape in ${BF16_WAIT_CASES-}; do
+      echo "== $tree $shape bf16 attention"
+      in_snap_tree "$tree" timeout 90 python3 -m bench.profile_case "$shape" --backend sm90 --iters "${CLOCK_ITERS:-1}" \
+        2>&1 | grep -E "^wait_clocks"
+    done
+  } > "$OUT/wait_clocks_$tree.log"
   for shape in ${PLAN_CASES-H16_n4_B1_P1024 H16_n1_B8_P8192 H16_n1_B32_P8192}; do
     echo "== $tree $shape, the whole bf16 step"
     in_snap_tree "$tree" timeout 120 python3 -m bench.profile_case "$shape" --backend sm90 --step --kernels 2>&1 \

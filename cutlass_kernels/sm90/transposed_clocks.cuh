@@ -4,10 +4,8 @@
 // CTA 0's copy their sums to device memory when the piece is done, and a one-thread launch after
 // the kernel prints them (a printf in the kernel would serialise its wgmma: C7510). Beside a forced
 // split count (profile_case --splits) it tells whether tiles land later when every SM streams than
-// when few do. Every CTA also stamps its phases in global time (entry, q staged, pair loop done,
-// output stored), and the printer gives their spread over the CTAs: where a step's time goes
-// besides the pair loop. ptxas: the clock build spills nothing; without the macro every call here
-// compiles to nothing (the kernel's SASS is unchanged).
+// when few do (every CTA's phases: cta_timeline.cuh). ptxas: the clock build spills nothing;
+// without the macro every call here compiles to nothing (the kernel's SASS is unchanged).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,34 +18,12 @@ namespace ddtree::sm90 {
 // The GEMM warpgroups' wait kinds (their q staging timed as one), and the gather's.
 enum TransposedWait : int { kTileLanding, kSRetire, kPartnerBarriers, kORetire, kQStaging, kStageRelease = 0, kTransposedWaits = 5 };
 
-// Every CTA's phases (the debug build), in %globaltimer ns, stamped by its thread 0: entry (past
-// the wait for the preparation), q staged, the pair loop done, the output stored.
-enum TransposedPhase : int { kEntry, kStaged, kLoopDone, kStored, kTransposedPhases };
-constexpr int kTimelineCtas = 1024;
-
 #ifdef DDTREE_WAIT_CLOCKS
-static __device__ unsigned long long transposed_cta_stamps[kTimelineCtas][kTransposedPhases];
-static __device__ double transposed_timeline_values[kTimelineCtas];  // the printer's scratch
-
-// Min, median and max of n values (n <= kTimelineCtas), sorting them in place (one thread).
-static __device__ void print_spread(const char* what, double* v, int n) {
-  for (int i = 1; i < n; ++i) {
-    const double x = v[i];
-    int j = i - 1;
-    for (; j >= 0 && v[j] > x; --j) v[j + 1] = v[j];
-    v[j + 1] = x;
-  }
-  if (n > 0) {
-    printf("wait_clocks timeline transposed %s: min %.2f, median %.2f, max %.2f us over %d CTAs\n", what, v[0], v[n / 2],
-           v[n - 1], n);
-  }
-}
-
 // CTA 0's sums, by role (GEMM warpgroups 0, 1, the gather): rows, count (pairs or tiles), cycles, waits.
 // Static, as the printer and its launch: the bf16 and fp16 sources each have their own.
 static __device__ unsigned long long transposed_clock_sums[3][3 + kTransposedWaits];
 
-static __global__ void print_transposed_clocks(int ctas) {
+static __global__ void print_transposed_clocks() {
   const auto& s = transposed_clock_sums;
   for (int w = 0; w < 2; ++w) {
     printf("wait_clocks cta0 transposed N=%llu GEMM warpgroup %d: pairs %llu, %llu cycles; tile landing %llu, "
@@ -57,48 +33,8 @@ static __global__ void print_transposed_clocks(int ctas) {
   }
   printf("wait_clocks cta0 transposed N=%llu gather: tiles %llu, %llu cycles; stage release %llu\n", s[2][0], s[2][1],
          s[2][2], s[2][3 + kStageRelease]);
-  // The timeline of the CTAs that ran a piece (all four stamps), from the earliest entry; then cleared.
-  double* const v = transposed_timeline_values;
-  auto& t = transposed_cta_stamps;
-  ctas = ctas < kTimelineCtas ? ctas : kTimelineCtas;
-  unsigned long long first = ~0ull;
-  for (int c = 0; c < ctas; ++c) {
-    if (t[c][kStored] != 0 && t[c][kEntry] < first) first = t[c][kEntry];
-  }
-  const char* const names[kTransposedPhases] = {"entry", "q staged", "loop done", "stored"};
-  for (int ph = 0; ph < kTransposedPhases; ++ph) {
-    int n = 0;
-    for (int c = 0; c < ctas; ++c) {
-      if (t[c][kStored] != 0) v[n++] = 1e-3 * double(t[c][ph] - first);
-    }
-    print_spread(names[ph], v, n);
-  }
-  const char* const spans[kTransposedPhases - 1] = {"span staging", "span pair loop", "span store"};
-  for (int ph = 1; ph < kTransposedPhases; ++ph) {
-    int n = 0;
-    for (int c = 0; c < ctas; ++c) {
-      if (t[c][kStored] != 0) v[n++] = 1e-3 * double(t[c][ph] - t[c][ph - 1]);
-    }
-    print_spread(spans[ph - 1], v, n);
-  }
-  for (int c = 0; c < ctas; ++c) {
-    for (int ph = 0; ph < kTransposedPhases; ++ph) t[c][ph] = 0;
-  }
 }
 #endif
-
-// Stamps phase `ph` of this CTA (the debug build; one thread of the CTA calls it).
-__device__ __forceinline__ void stamp_transposed_phase(int ph) {
-#ifdef DDTREE_WAIT_CLOCKS
-  if (blockIdx.x < kTimelineCtas) {
-    unsigned long long now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    transposed_cta_stamps[blockIdx.x][ph] = now;
-  }
-#else
-  (void)ph;
-#endif
-}
 
 // A role's clock: its first thread adds its waits into the role's sums in shared memory (in
 // registers, held across the pair loop, they spilled).
@@ -157,13 +93,12 @@ __device__ __forceinline__ TransposedClock transposed_clock(State& st, int role,
 #endif
 }
 
-// After the kernel of `ctas` CTAs, on its stream: CTA 0's sums and every CTA's timeline printed
-// (the debug build only).
-static inline void print_transposed_clocks_after(cudaStream_t stream, int ctas) {
+// After the kernel, on its stream: CTA 0's sums printed (the debug build only).
+static inline void print_transposed_clocks_after(cudaStream_t stream) {
 #ifdef DDTREE_WAIT_CLOCKS
-  print_transposed_clocks<<<1, 1, 0, stream>>>(ctas);
+  print_transposed_clocks<<<1, 1, 0, stream>>>();
 #else
-  (void)stream, (void)ctas;
+  (void)stream;
 #endif
 }
 

@@ -17,11 +17,6 @@
 
 namespace ddtree::sm90 {
 
-// Named barriers of the GEMM warpgroups (cutlass's NamedBarrier numbers them after the ids it
-// reserves): both warpgroups' partial maxima or sums are in shared memory; a warpgroup's new row
-// state is (two ids); both P tiles are.
-enum TransposedBarrierId : uint32_t { kPartialsReady = 1, kRowState0 = 2, kProbsReady = 4 };
-
 // kWords (1, 2 or 4) consecutive 32-bit words of shared memory.
 template <int kWords>
 __device__ __forceinline__ void ld_shared_words(uint32_t addr, uint32_t (&w)[kWords]) {

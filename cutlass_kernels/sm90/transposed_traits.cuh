@@ -20,6 +20,11 @@ namespace ddtree::sm90 {
 
 using namespace cute;
 
+// Named barriers of the GEMM warpgroups (cutlass's NamedBarrier numbers them after the ids it
+// reserves): both warpgroups' partial maxima or sums are in shared memory; a warpgroup's new row
+// state is (two ids); both P tiles are.
+enum TransposedBarrierId : uint32_t { kPartialsReady = 1, kRowState0 = 2, kProbsReady = 4 };
+
 // The barriers, apart from the rest of the state: their place does not depend on N, so the kernel
 // sets them up before it knows its rows. Stages up to kMaxTransposedStages.
 constexpr int kMaxTransposedStages = 5;

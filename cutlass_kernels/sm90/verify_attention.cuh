@@ -30,6 +30,7 @@
 #include "../grid_dependency.cuh"
 #include "../index_view.cuh"
 #include "../status.cuh"
+#include "cta_timeline.cuh"
 #include "epilogue.cuh"
 #include "gather.cuh"
 #include "fp8_tile.cuh"
@@ -116,6 +117,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
   if (p.kv_boxes && threadIdx.x == Traits::kGatherWarpgroup * 128) cute::prefetch_tma_descriptor(&p.kv_map);
   wait_for_prior_grids();
   allow_dependent_grids();  // the split kernel's combine may launch; it waits for this grid before reading
+  stamp_cta_phase(kCtaEntry);
 
   Element* const out = static_cast<Element*>(p.out);
   auto zero_padding_block = [&](int64_t row_begin) {
@@ -232,6 +234,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       clock.add(kQWait, q_waited);
       ++q_loads;
     }
+    stamp_cta_phase(kCtaQReady);
 
     typename Traits::TiledMmaPV mma_pv;
     Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kRows>, Int<kHalf>>{});
@@ -244,6 +247,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
     } else {
       run_pairs<Traits, 1, kFp8Kv>(keys, smem_q, smem_k, st, pairs_done, wg_thread, acc_o, row_sum);
     }
+    stamp_cta_phase(kCtaLoopDone);
 
     const long long epilogue_start = clock.now();
     // Both warpgroups' sums (each under the final row maximum) per row.
@@ -347,6 +351,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) verify_attention_kernel(c
       seg = next;
     }
   }
+  stamp_cta_phase(kCtaStored);
   const int warpgroup = threadIdx.x / 128;
   wait_clock(*reinterpret_cast<SharedState*>(smem_base + kStateOffset), warpgroup, threadIdx.x % 128).store(warpgroup);
 }
@@ -362,6 +367,7 @@ void launch_verify_attention(const VerifyParams& params, dim3 grid, cudaStream_t
   // Chained to the preparation before it (../grid_dependency.cuh).
   C10_CUDA_CHECK(launch_dependent(kernel, grid, dim3(Traits::kThreads), smem, stream, params));
   print_wait_clocks_after(stream);
+  print_cta_timeline_after(stream, static_cast<int>(grid.x), kPersistent ? kTimelinePersistent : kTimelineSplit);
 }
 
 }  // namespace ddtree::sm90

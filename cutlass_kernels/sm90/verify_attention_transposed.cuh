@@ -15,6 +15,7 @@
 
 #include "../grid_dependency.cuh"
 #include "../status.cuh"
+#include "cta_timeline.cuh"
 #include "epilogue.cuh"  // row_output_factor, row_lse
 #include "segment.cuh"
 #include "tile_scheduler.cuh"
@@ -141,7 +142,7 @@ __device__ __forceinline__ void transposed_piece(const VerifyParams& p, const Se
   const unsigned staging = clock.now();
   keys.logit_scale = stage_scaled_q<N>(q_block, st.q_absmax, smem, threadIdx.x, kPartialsReady);
   clock.add(kQStaging, staging);
-  if (threadIdx.x == 0) stamp_transposed_phase(kStaged);
+  stamp_cta_phase(kCtaQReady);
   typename T::Mma mma;
   // O^T in two accumulators of two m-blocks each (m-blocks 0, 1 and 2, 3: output columns by
   // v_output_column), so that an O^T group of two m-blocks names one of them.
@@ -153,10 +154,10 @@ __device__ __forceinline__ void transposed_piece(const VerifyParams& p, const Se
 #pragma unroll
   for (int i = 0; i < N / 4; ++i) row_sum[i] = 0.f;
   transposed_pair_loop<N>(keys, st, bars, smem, warpgroup, t, acc_lo, acc_hi, row_sum, clock);
-  if (threadIdx.x == 0) stamp_transposed_phase(kLoopDone);
+  stamp_cta_phase(kCtaLoopDone);
   store_transposed_output<N, Element>(p, g, valid_rows, st, warpgroup, t, acc_lo, acc_hi, row_sum);
   clock.store(warpgroup, N);
-  if (threadIdx.x == 0) stamp_transposed_phase(kStored);
+  stamp_cta_phase(kCtaStored);
 }
 
 template <class Element>
@@ -177,7 +178,7 @@ __global__ void __launch_bounds__(TransposedTraits<16>::kThreads, 1)
   }
   wait_for_prior_grids();
   allow_dependent_grids();  // the combine may launch; it waits for this grid before reading
-  if (threadIdx.x == 0) stamp_transposed_phase(kEntry);
+  stamp_cta_phase(kCtaEntry);
   __syncthreads();
 
   const PlanView schedule{p.plan, plan_capacity(p.num_tokens, p.heads, p.batch)};
@@ -215,7 +216,8 @@ void launch_verify_attention_transposed(const VerifyParams& params, dim3 grid, c
   const int smem = kTransposedSmemBytes + 1024;  // + alignment slack for the swizzled tiles
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   C10_CUDA_CHECK(launch_dependent(kernel, grid, dim3(TransposedTraits<16>::kThreads), smem, stream, params));
-  print_transposed_clocks_after(stream, static_cast<int>(grid.x));
+  print_transposed_clocks_after(stream);
+  print_cta_timeline_after(stream, static_cast<int>(grid.x), kTimelineTransposed);
 }
 
 }  // namespace ddtree::sm90
