@@ -19,7 +19,8 @@ namespace ddtree::sm90 {
 enum TransposedWait : int { kTileLanding, kSRetire, kPartnerBarriers, kORetire, kQStaging, kStageRelease = 0, kTransposedWaits = 5 };
 
 #ifdef DDTREE_WAIT_CLOCKS
-// CTA 0's sums, by role (GEMM warpgroups 0, 1, the gather): rows, count (pairs or tiles), cycles, waits.
+// CTA 0's sums, by role (GEMM warpgroups 0, 1, the gather): rows, count (pairs or tiles), cycles
+// (a GEMM warpgroup's from before its q staging to its output stored), waits.
 // Static, as the printer and its launch: the bf16 and fp16 sources each have their own.
 static __device__ unsigned long long transposed_clock_sums[3][3 + kTransposedWaits];
 
