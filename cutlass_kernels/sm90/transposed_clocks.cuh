@@ -16,7 +16,11 @@
 namespace ddtree::sm90 {
 
 // The GEMM warpgroups' wait kinds (their q staging timed as one), and the gather's.
-enum TransposedWait : int { kTileLanding, kSRetire, kPartnerBarriers, kORetire, kQStaging, kStageRelease = 0, kTransposedWaits = 5 };
+enum TransposedWait : int {
+  kTileLanding, kSRetire, kPartnerBarriers, kORetire, kQStaging,
+  kStageRelease = 0, kQStagedWait = 1,
+  kTransposedWaits = 5
+};
 
 #ifdef DDTREE_WAIT_CLOCKS
 // CTA 0's sums, by role (GEMM warpgroups 0, 1, the gather): rows, count (pairs or tiles), cycles
@@ -32,8 +36,8 @@ static __global__ void print_transposed_clocks() {
            s[w][0], w, s[w][1], s[w][2], s[w][3 + kTileLanding], s[w][3 + kSRetire], s[w][3 + kPartnerBarriers],
            s[w][3 + kORetire], s[w][3 + kQStaging]);
   }
-  printf("wait_clocks cta0 transposed N=%llu gather: tiles %llu, %llu cycles; stage release %llu\n", s[2][0], s[2][1],
-         s[2][2], s[2][3 + kStageRelease]);
+  printf("wait_clocks cta0 transposed N=%llu gather: tiles %llu, %llu cycles; stage release %llu, q staged %llu\n",
+         s[2][0], s[2][1], s[2][2], s[2][3 + kStageRelease], s[2][3 + kQStagedWait]);
 }
 #endif
 

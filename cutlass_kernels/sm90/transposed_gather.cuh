@@ -8,6 +8,7 @@
 #include "async_copy.cuh"
 #include "transposed_clocks.cuh"
 #include "transposed_operands.cuh"
+#include "transposed_q.cuh"
 #include "transposed_traits.cuh"
 
 namespace ddtree::sm90 {
@@ -26,15 +27,17 @@ struct TransposedGatherPlan {
 // The gather threads that copy: one key of a tile each (lanes 0-15 of the four warps).
 constexpr int kTransposedCopyThreads = 64;
 
-// The piece's tiles into the stages (tile i into stage i % kStages, after both GEMM warpgroups
-// released its previous tile), one bulk copy a key: lane l < 16 of warp w copies key 16 w + l of
-// each tile, whose slot id lanes l and l + 16 hold, loaded a tile ahead in one of two registers
+// First the block's q rows into the last stages (issue_q_rows), then the piece's tiles into the
+// stages (tile i into stage i % kStages, after both GEMM warpgroups released its previous tile;
+// past the first T::kEarlyTiles, after they have staged q), one bulk copy a key: lane l < 16 of
+// warp w copies key 16 w + l of each tile, whose slot id lanes l and l + 16 hold, loaded a tile ahead in one of two registers
 // that even and odd tiles swap. A key without a slot (-1 past the piece's keys) gets a row of
 // zeros and its bit is clear. The GEMMs take whole pairs, at least one: a piece of an odd number
 // of tiles (or of none) gets empty ones, whose keys are all without a slot.
-template <int N>
-__device__ __forceinline__ void transposed_gather(const TransposedGatherPlan& plan, typename TransposedTraits<N>::State& st,
-                                                  TransposedBarriers& bars, uint32_t smem, int t) {
+template <int N, class Element>
+__device__ __forceinline__ void transposed_gather(const TransposedGatherPlan& plan, const TransposedQ<Element>& q_block,
+                                                  typename TransposedTraits<N>::State& st, TransposedBarriers& bars,
+                                                  uint32_t smem, int t) {
   using T = TransposedTraits<N>;
   constexpr uint32_t kRowBytes = T::kRowBytes;
   const int lane = t % 32, warp = t / 32, key = 16 * warp + lane % 16;
@@ -43,9 +46,16 @@ __device__ __forceinline__ void transposed_gather(const TransposedGatherPlan& pl
     const int at = plan.kv_begin + tile * T::kKeys + key;
     return at < plan.kv_end ? plan.slots[at] : -1;
   };
+  if (lane < 16) issue_q_rows<N>(q_block, smem + T::kQRowsOffset, &bars.q_rows, key);
   const TransposedClock clock = transposed_clock(st, 2, t == 0);
+  auto wait_for_q = [&] {
+    const unsigned since = clock.now();
+    cutlass::arch::NamedBarrier::sync(T::kThreads, kQStaged);
+    clock.add(kQStagedWait, since);
+  };
   auto issue_tile = [&](int tile, int slot, int& next) {
-    next = tile + 1 < tiles ? load_slot(tile + 1) : -1;
+    next = tile + 1 < tiles ? load_slot(tile + 1) : -1;  // in flight across the wait below
+    if (tile == T::kEarlyTiles) wait_for_q();
     const int stage = tile % T::kStages;
     clock.tick();
     const unsigned since = clock.now();
@@ -74,6 +84,7 @@ __device__ __forceinline__ void transposed_gather(const TransposedGatherPlan& pl
     issue_tile(tile, even, odd);
     issue_tile(tile + 1, odd, even);
   }
+  if (tiles <= T::kEarlyTiles) wait_for_q();  // the GEMM warpgroups arrive once in any case
   clock.store(2, N);
 }
 

@@ -1,10 +1,11 @@
-// q of the transposed e4m3 kernel (verify_attention_transposed.cuh), staged by its 256 GEMM
-// threads before their pair loop: the row block's rows in fp16 under one power of two, S^T's B
-// operand.
+// q of the transposed e4m3 kernel (verify_attention_transposed.cuh): the row block's rows, bulk-
+// copied by the gather, staged by the 256 GEMM threads before their pair loop in fp16 under one
+// power of two, S^T's B operand.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
 
+#include "async_copy.cuh"
 #include "numeric.cuh"
 #include "transposed_operands.cuh"
 #include "transposed_traits.cuh"
@@ -31,57 +32,72 @@ __device__ __forceinline__ int q_scale_exponent(float absmax) {
   return max(-100, min(100, e - 15));
 }
 
-// q (the block's rows n < valid_rows, zeros past them) into shared memory as fp16 times 2^-k, its
-// columns permuted within each 64-column chunk (k_position_of), by GEMM thread `tid` (< 256): one
-// pass over q in global memory. The thread loads its 16-byte pieces (up to nine at a time, all
-// their loads in flight), stores them as they are at their places and keeps their largest
-// magnitude; the threads' maxima meet in `warp_absmax` (8 floats) at a named barrier; then each
-// thread rescales the words it stored, in place. A second barrier after the proxy fence lets the
-// GEMMs read q. Returns the logit scale: sm_scale x log2(e) x kv_scale x 2^k.
+// The block's q rows n < valid_rows, as they are in memory, into shared memory at `rows`
+// (row n at n x 1152 bytes), one bulk copy a row: gather copy thread `copier` (0..63) copies row
+// `copier`, and every copy thread arrives on `q_rows` (kTransposedCopyThreads arrivals). Issued before any tile, so that
+// they are ahead of every SM's first stages in the memory's queues.
 template <int N, class Element>
-__device__ __forceinline__ float stage_scaled_q(const TransposedQ<Element>& block, float (&warp_absmax)[8], uint32_t smem,
-                                                int tid, uint32_t barrier_id) {
-  constexpr int kUnits = kQkDim / 8;  // 16-byte pieces of a row
-  constexpr int kThreads = TransposedTraits<N>::kMmaThreads;
-  constexpr int kPieces = (N * kUnits + kThreads - 1) / kThreads;  // 5, 9, 18
-  constexpr int kBatch = kPieces < 9 ? kPieces : 9;                 // pieces held in registers at once
-  const int lane = tid % 32, warp = tid / 32;
-  // The shared address of word j (columns col + 2 j, + 1 of chunk c) of piece i.
-  auto word_at = [&](int i, int j) {
-    const int idx = tid + i * kThreads, n = idx / kUnits, c = (idx % kUnits) / 8, col = 8 * (idx % 8);
-    return smem + q_tile_byte_offset(N, n, c, k_position_of(col + 2 * j));
-  };
-  auto exists = [&](int i) { return tid + i * kThreads < N * kUnits; };
-  float absmax = 0.f;
-#pragma unroll
-  for (int first = 0; first < kPieces; first += kBatch) {
-    uint4 pieces[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int i = first + b, idx = tid + i * kThreads, n = idx / kUnits, unit = idx % kUnits;
-      pieces[b] = make_uint4(0, 0, 0, 0);
-      if (i < kPieces && exists(i) && n < block.valid_rows) {
-        const int row = block.row0 + n;
-        const Element* const src = block.q + (block.q_lo + row / block.heads) * block.q_stride_token +
-                                   (row % block.heads) * block.q_stride_head + 8 * unit;
-        asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(pieces[b].x), "=r"(pieces[b].y), "=r"(pieces[b].z), "=r"(pieces[b].w)
-                     : "l"(src));
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int i = first + b;
-      if (i >= kPieces || !exists(i)) continue;
-      const uint32_t words[4] = {pieces[b].x, pieces[b].y, pieces[b].z, pieces[b].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = unpack_pair<Element>(words[j]);
-        absmax = fmaxf(absmax, fmaxf(fabsf(f.x), fabsf(f.y)));
-        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(word_at(i, j)), "r"(words[j]) : "memory");
-      }
-    }
+__device__ __forceinline__ void issue_q_rows(const TransposedQ<Element>& block, uint32_t rows, uint64_t* q_rows, int copier) {
+  constexpr uint32_t kRowBytes = TransposedTraits<N>::kQRowBytes;
+  const int n = copier;
+  if (n < N && n < block.valid_rows) {
+    const int row = block.row0 + n;
+    const Element* const src =
+        block.q + (block.q_lo + row / block.heads) * block.q_stride_token + (row % block.heads) * block.q_stride_head;
+    arrive_expecting(q_rows, kRowBytes);
+    bulk_copy(rows + n * kRowBytes, src, kRowBytes, q_rows);
+  } else {
+    cutlass::arch::ClusterBarrier::arrive(q_rows);
   }
+}
+
+// The magnitudes of a word's two 16-bit values as bits, whose unsigned order is the values' (NaN:
+// 0, so that a NaN hides no other value of its lane from the maximum, as fmaxf skips it).
+template <class Element>
+__device__ __forceinline__ uint32_t magnitude_bits(uint32_t word) {
+  constexpr uint32_t kInf = cute::is_same_v<Element, cutlass::bfloat16_t> ? 0x7f80u : 0x7c00u;
+  const uint32_t m = word & 0x7fff7fffu;
+  return m & __vcmpleu2(m, kInf << 16 | kInf);
+}
+
+// q (the block's rows n < valid_rows, zeros past them) from the rows issue_q_rows landed at
+// `rows` into S^T's B operand as fp16 times 2^-k, its columns permuted within each 64-column
+// chunk (k_position_of), by GEMM thread `tid` (< 256). Thread t < 216 takes one 16-byte unit
+// (t % 72) of every third row from t / 72 on, so its four words' places within a row are fixed.
+// The units' largest magnitude meets the other threads' in `warp_absmax` (8 floats) at a named
+// barrier, then each thread stores its units scaled. A second barrier after the proxy fence lets
+// the GEMMs read q. The code runs once a CTA, cold, so it is kept short.
+// Returns the logit scale: sm_scale x log2(e) x kv_scale x 2^k.
+template <int N, class Element>
+__device__ __forceinline__ float stage_scaled_q(const TransposedQ<Element>& block, uint32_t rows, uint64_t* q_rows,
+                                                float (&warp_absmax)[8], uint32_t smem, int tid, uint32_t barrier_id) {
+  constexpr int kUnits = kQkDim / 8;  // 16-byte units of a row
+  constexpr int kRowGroups = 3;       // rows a pass of the 216 loading threads covers
+  constexpr int kRowsPerThread = (N + kRowGroups - 1) / kRowGroups;  // 6, 11, 22
+  constexpr int kThreads = TransposedTraits<N>::kMmaThreads;
+  constexpr uint32_t kRowBytes = TransposedTraits<N>::kQRowBytes;
+  static_assert(kRowGroups * kUnits <= kThreads, "one unit a loading thread");
+  const int lane = tid % 32, warp = tid / 32;
+  const bool loads = tid < kRowGroups * kUnits;
+  const int unit = tid % kUnits, first_row = tid / kUnits;
+  const int chunk = unit / 8, col = 8 * (unit % 8);
+  cutlass::arch::ClusterBarrier::wait(q_rows, 0);
+  uint4 units[kRowsPerThread];
+  uint32_t pair_max = 0;  // magnitude_bits's maximum, two lanes of 16
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int n = first_row + kRowGroups * i;
+    units[i] = make_uint4(0, 0, 0, 0);
+    if (loads && n < block.valid_rows) {
+      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(units[i].x), "=r"(units[i].y), "=r"(units[i].z), "=r"(units[i].w)
+                   : "r"(rows + n * kRowBytes + 16 * unit));
+    }
+    const uint32_t words[4] = {units[i].x, units[i].y, units[i].z, units[i].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pair_max = __vmaxu2(pair_max, magnitude_bits<Element>(words[j]));
+  }
+  float absmax = fmaxf(unpack_pair<Element>(pair_max).x, unpack_pair<Element>(pair_max).y);
 #pragma unroll
   for (int mask = 16; mask >= 1; mask /= 2) absmax = fmaxf(absmax, __shfl_xor_sync(0xffffffffu, absmax, mask));
   if (lane == 0) warp_absmax[warp] = absmax;
@@ -91,17 +107,19 @@ __device__ __forceinline__ float stage_scaled_q(const TransposedQ<Element>& bloc
   for (int w = 1; w < 8; ++w) absmax = fmaxf(absmax, warp_absmax[w]);
   const int k = q_scale_exponent(absmax);
   const float to_stage = ldexpf(1.f, -k);
-#pragma unroll 1  // rolled: unrolled, the compiler keeps pass one's kPieces x 4 addresses live to here
-  for (int i = 0; i < kPieces; ++i) {
-    if (!exists(i)) continue;
+  if (loads) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {  // the thread's own words: no barrier between their store and this load
-      const uint32_t at = word_at(i, j);
-      uint32_t word;
-      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(word) : "r"(at) : "memory");
-      const float2 f = unpack_pair<Element>(word);
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(pack_pair<cutlass::half_t>(f.x * to_stage, f.y * to_stage))
-                   : "memory");
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int n = first_row + kRowGroups * i;
+      if (n >= N) continue;
+      const uint32_t words[4] = {units[i].x, units[i].y, units[i].z, units[i].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = unpack_pair<Element>(words[j]);
+        const uint32_t at = smem + q_tile_byte_offset(N, n, chunk, k_position_of(col + 2 * j));
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(at), "r"(pack_pair<cutlass::half_t>(f.x * to_stage, f.y * to_stage))
+                     : "memory");
+      }
     }
   }
   cutlass::arch::fence_view_async_shared();  // the GEMMs read q through the async proxy

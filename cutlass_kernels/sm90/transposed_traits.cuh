@@ -22,8 +22,9 @@ using namespace cute;
 
 // Named barriers of the GEMM warpgroups (cutlass's NamedBarrier numbers them after the ids it
 // reserves): both warpgroups' partial maxima or sums are in shared memory; a warpgroup's new row
-// state is (two ids); both P tiles are.
-enum TransposedBarrierId : uint32_t { kPartialsReady = 1, kRowState0 = 2, kProbsReady = 4 };
+// state is (two ids); both P tiles are. kQStaged is the whole CTA's: the GEMM warpgroups have
+// staged q, so the gather may issue its tiles past the first (transposed_gather.cuh).
+enum TransposedBarrierId : uint32_t { kPartialsReady = 1, kRowState0 = 2, kProbsReady = 4, kQStaged = 5 };
 
 // The barriers, apart from the rest of the state: their place does not depend on N, so the kernel
 // sets them up before it knows its rows. Stages up to kMaxTransposedStages.
@@ -31,6 +32,7 @@ constexpr int kMaxTransposedStages = 5;
 struct TransposedBarriers {
   uint64_t full[kMaxTransposedStages];   // a stage's rows (64 bulk copies) and key bits are in
   uint64_t empty[kMaxTransposedStages];  // both GEMM warpgroups are done with a stage
+  uint64_t q_rows;                       // the block's q rows, as they are in memory, are in
 };
 
 template <int N>
@@ -65,6 +67,12 @@ struct TransposedTraits {
   static_assert(kStages <= kMaxTransposedStages, "TransposedBarriers holds them");
   static constexpr int kStagesOffset = kQBytes;
   static constexpr int kPOffset = kStagesOffset + kStages * kStageBytes;  // P0, then P1
+  // q's rows land by bulk copies in the last kQRowStages stages, before any tile: the gather
+  // issues the first kEarlyTiles tiles beside them and the rest once q is staged.
+  static constexpr int kQRowBytes = kQkDim * 2, kQRowStages = (N * kQRowBytes + kStageBytes - 1) / kStageBytes;
+  static constexpr int kQRowsOffset = kStagesOffset + (kStages - kQRowStages) * kStageBytes;
+  static constexpr int kEarlyTiles = kStages - kQRowStages;
+  static_assert(kEarlyTiles >= 1, "a tile in flight while q is staged");
   static constexpr int kPBytes = N * kKeys * 2;
   struct State {
     alignas(8) uint16_t key_bits[kStages][4];  // [stage][warp]: the warp's 16 keys that have a slot (one 64-bit word a stage)

@@ -96,6 +96,21 @@ __device__ __forceinline__ void store_transposed_output(const VerifyParams& p, c
   }
 }
 
+// The block's q rows, for the gather's bulk copies and the GEMM threads' staging.
+template <int N, class Element>
+__device__ __forceinline__ TransposedQ<Element> transposed_q_block(const VerifyParams& p, const SegmentGeometry& g) {
+  TransposedQ<Element> q_block;
+  q_block.q = static_cast<const Element*>(p.q);
+  q_block.q_stride_token = p.q_stride_token;
+  q_block.q_stride_head = p.q_stride_head;
+  q_block.q_lo = g.q_lo;
+  q_block.heads = p.heads;
+  q_block.row0 = g.row0;
+  q_block.valid_rows = min(N, g.num_rows - g.row0);
+  q_block.scale_log2 = p.scale_log2 * kv_scale_of<true>(p);
+  return q_block;
+}
+
 // The CTA's piece with N rows a GEMM (its block's rows <= N).
 template <int N, class Element>
 __device__ __forceinline__ void transposed_piece(const VerifyParams& p, const Segment& s_seg, const SegmentGeometry& s_g,
@@ -114,7 +129,7 @@ __device__ __forceinline__ void transposed_piece(const VerifyParams& p, const Se
     plan.kv_begin = g.kv_begin;
     plan.kv_end = g.kv_end;
     plan.num_tiles = g.num_tiles;
-    transposed_gather<N>(plan, st, bars, smem, t);
+    transposed_gather<N>(plan, transposed_q_block<N, Element>(p, g), st, bars, smem, t);
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<T::kMmaRegisters>();
@@ -129,19 +144,13 @@ __device__ __forceinline__ void transposed_piece(const VerifyParams& p, const Se
   keys.kv_begin = g.kv_begin;
   keys.row0 = g.row0;
   keys.pairs = transposed_pairs_of(g.num_tiles);
-  TransposedQ<Element> q_block;
-  q_block.q = static_cast<const Element*>(p.q);
-  q_block.q_stride_token = p.q_stride_token;
-  q_block.q_stride_head = p.q_stride_head;
-  q_block.q_lo = g.q_lo;
-  q_block.heads = p.heads;
-  q_block.row0 = g.row0;
-  q_block.valid_rows = valid_rows;
-  q_block.scale_log2 = p.scale_log2 * kv_scale_of<true>(p);
+  const TransposedQ<Element> q_block = transposed_q_block<N, Element>(p, g);
   const TransposedClock clock = transposed_clock(st, warpgroup, t == 0);
   const unsigned staging = clock.now();
-  keys.logit_scale = stage_scaled_q<N>(q_block, st.q_absmax, smem, threadIdx.x, kPartialsReady);
+  keys.logit_scale =
+      stage_scaled_q<N>(q_block, smem + T::kQRowsOffset, &bars.q_rows, st.q_absmax, smem, threadIdx.x, kPartialsReady);
   clock.add(kQStaging, staging);
+  cutlass::arch::NamedBarrier::arrive(T::kThreads, kQStaged);  // the gather may issue the rest
   stamp_cta_phase(kCtaQReady);
   typename T::Mma mma;
   // O^T in two accumulators of two m-blocks each (m-blocks 0, 1 and 2, 3: output columns by
@@ -174,6 +183,7 @@ __global__ void __launch_bounds__(TransposedTraits<16>::kThreads, 1)
       cutlass::arch::ClusterBarrier::init(&bars.full[s], kTransposedCopyThreads);  // one arrival a key
       cutlass::arch::ClusterBarrier::init(&bars.empty[s], TransposedTraits<16>::kMmaThreads);
     }
+    cutlass::arch::ClusterBarrier::init(&bars.q_rows, kTransposedCopyThreads);
     cutlass::arch::fence_barrier_init();
   }
   wait_for_prior_grids();
