@@ -30,10 +30,11 @@ constexpr int kTransposedCopyThreads = 64;
 // First the block's q rows into the last stages (issue_q_rows), then the piece's tiles into the
 // stages (tile i into stage i % kStages, after both GEMM warpgroups released its previous tile;
 // past the first T::kEarlyTiles, after they have staged q), one bulk copy a key: lane l < 16 of
-// warp w copies key 16 w + l of each tile, whose slot id lanes l and l + 16 hold, loaded a tile ahead in one of two registers
-// that even and odd tiles swap. A key without a slot (-1 past the piece's keys) gets a row of
-// zeros and its bit is clear. The GEMMs take whole pairs, at least one: a piece of an odd number
-// of tiles (or of none) gets empty ones, whose keys are all without a slot.
+// warp w copies key 16 w + l of each tile, whose slot id lanes l and l + 16 hold, loaded a tile
+// ahead in one of two registers that even and odd tiles swap. A key without a slot (-1 past the
+// piece's keys) gets a row of zeros and its bit is clear. The GEMMs take whole pairs, at least
+// one: a piece of an odd number of tiles (or of none) gets empty ones, whose keys are all without
+// a slot.
 template <int N, class Element>
 __device__ __forceinline__ void transposed_gather(const TransposedGatherPlan& plan, const TransposedQ<Element>& q_block,
                                                   typename TransposedTraits<N>::State& st, TransposedBarriers& bars,

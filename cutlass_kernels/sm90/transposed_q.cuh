@@ -34,10 +34,11 @@ __device__ __forceinline__ int q_scale_exponent(float absmax) {
 
 // The block's q rows n < valid_rows, as they are in memory, into shared memory at `rows`
 // (row n at n x 1152 bytes), one bulk copy a row: gather copy thread `copier` (0..63) copies row
-// `copier`, and every copy thread arrives on `q_rows` (kTransposedCopyThreads arrivals). Issued before any tile, so that
-// they are ahead of every SM's first stages in the memory's queues.
+// `copier`, and every copy thread arrives on `q_rows` (kTransposedCopyThreads arrivals). Issued
+// before any tile, so that they are ahead of every SM's first stages in the memory's queues.
 template <int N, class Element>
-__device__ __forceinline__ void issue_q_rows(const TransposedQ<Element>& block, uint32_t rows, uint64_t* q_rows, int copier) {
+__device__ __forceinline__ void issue_q_rows(const TransposedQ<Element>& block, uint32_t rows, uint64_t* q_rows,
+                                             int copier) {
   constexpr uint32_t kRowBytes = TransposedTraits<N>::kQRowBytes;
   const int n = copier;
   if (n < N && n < block.valid_rows) {
