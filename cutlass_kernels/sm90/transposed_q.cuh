@@ -41,7 +41,7 @@ __device__ __forceinline__ void issue_q_rows(const TransposedQ<Element>& block, 
                                              int copier) {
   constexpr uint32_t kRowBytes = TransposedTraits<N>::kQRowBytes;
   const int n = copier;
-  if (n < N && n < block.valid_rows) {
+  if (n < block.valid_rows) {
     const int row = block.row0 + n;
     const Element* const src =
         block.q + (block.q_lo + row / block.heads) * block.q_stride_token + (row % block.heads) * block.q_stride_head;

@@ -135,7 +135,6 @@ __device__ __forceinline__ void transposed_piece(const VerifyParams& p, const Se
   cutlass::arch::warpgroup_reg_alloc<T::kMmaRegisters>();
   const Segment seg = s_seg;
   const SegmentGeometry g = s_g;
-  const int valid_rows = min(N, g.num_rows - g.row0);
   mark_missing_pieces(p, seg, g, threadIdx.x);
   if (publishes_status<VerifyTraits<Element>>(p)) publish_status(p.status);
   if (t < N) st.row_max[warpgroup][t] = -INFINITY;  // read by this thread first, by the others after a barrier
@@ -164,7 +163,7 @@ __device__ __forceinline__ void transposed_piece(const VerifyParams& p, const Se
   for (int i = 0; i < N / 4; ++i) row_sum[i] = 0.f;
   transposed_pair_loop<N>(keys, st, bars, smem, warpgroup, t, acc_lo, acc_hi, row_sum, clock);
   stamp_cta_phase(kCtaLoopDone);
-  store_transposed_output<N, Element>(p, g, valid_rows, st, warpgroup, t, acc_lo, acc_hi, row_sum);
+  store_transposed_output<N, Element>(p, g, q_block.valid_rows, st, warpgroup, t, acc_lo, acc_hi, row_sum);
   clock.store(warpgroup, N);
   stamp_cta_phase(kCtaStored);
 }
