@@ -1,9 +1,9 @@
 // Every CTA's phases in global time, for a debug build (nvcc -DDDTREE_WAIT_CLOCKS, as the wait
 // clocks: DDTREE_NVCC_EXTRA=-DDDTREE_WAIT_CLOCKS python -m bench.profile_case CASE --iters 1): a
-// CTA's thread 0 stamps %globaltimer (ns, one clock for all SMs) when it passes the wait for the
-// preparation, when its q is ready, when its pair loop is done and when its output is stored (the
-// persistent kernel: its last segment's), and a one-thread launch after the kernel prints each
-// phase's spread over the CTAs and the spans between phases. Where the wait clocks say how CTA 0
+// CTA stamps %globaltimer (ns, one clock for all SMs) at its phases (CtaPhase: e.g. when it passes
+// the wait for the preparation, when its q is ready, when its pair loop is done and when its
+// output is stored; the persistent kernel: its last segment's), and a one-thread launch after the
+// kernel prints each phase's spread over the CTAs and the spans between phases. Where the wait clocks say how CTA 0
 // spends its loop, this says where a launch's time goes beside the loop: a late start, a long
 // prologue, CTAs that end late. Without the macro every call here compiles to nothing.
 #pragma once
@@ -14,7 +14,12 @@
 
 namespace ddtree::sm90 {
 
-enum CtaPhase : int { kCtaEntry, kCtaQReady, kCtaLoopDone, kCtaStored, kCtaPhases };
+// In time order. The bf16 kernels stamp entry, q ready, loop done and stored; the transposed kernel
+// every phase (its launch, before the wait for the preparation: the overlap with it; q issued by the
+// gather and landed for the GEMM threads; its first pair done: the cold start of the loop).
+enum CtaPhase : int {
+  kCtaLaunch, kCtaEntry, kCtaQIssued, kCtaQLanded, kCtaQReady, kCtaFirstPair, kCtaLoopDone, kCtaStored, kCtaPhases
+};
 // The kernels that stamp, as the printer names them.
 enum TimelineKernel : int { kTimelineSplit, kTimelinePersistent, kTimelineTransposed };
 constexpr int kTimelineCtas = 1024;  // CTAs past these are not stamped
@@ -38,32 +43,49 @@ static __device__ void print_spread(const char* kernel, const char* what, double
   }
 }
 
-// The CTAs that stored an output (all four stamps), from the earliest entry; then the stamps cleared.
+// The CTAs that stored an output, each phase that any of them stamped, from the earliest entry
+// (a launch is before it); then the spans between consecutive stamped phases, and the stamps cleared.
 static __global__ void print_cta_timeline(int ctas, int kernel_kind) {
   const char* const kernels[] = {"split", "persistent", "transposed"};
   const char* const kernel = kernels[kernel_kind];
-  const char* const phases[kCtaPhases] = {"entry", "q ready", "loop done", "stored"};
-  const char* const spans[kCtaPhases - 1] = {"span to q ready", "span pair loop", "span store"};
+  const char* const phases[kCtaPhases] = {"launch", "entry", "q issued", "q landed", "q ready", "first pair", "loop done",
+                                          "stored"};
   double* const v = cta_timeline_values;
   auto& t = cta_stamps;
   ctas = ctas < kTimelineCtas ? ctas : kTimelineCtas;
   unsigned long long first = ~0ull;
+  bool stamped[kCtaPhases] = {};
   for (int c = 0; c < ctas; ++c) {
-    if (t[c][kCtaStored] != 0 && t[c][kCtaEntry] < first) first = t[c][kCtaEntry];
+    if (t[c][kCtaStored] == 0) continue;
+    if (t[c][kCtaEntry] < first) first = t[c][kCtaEntry];
+    for (int ph = 0; ph < kCtaPhases; ++ph) stamped[ph] = stamped[ph] || t[c][ph] != 0;
   }
   for (int ph = 0; ph < kCtaPhases; ++ph) {
+    if (!stamped[ph]) continue;
     int n = 0;
     for (int c = 0; c < ctas; ++c) {
-      if (t[c][kCtaStored] != 0) v[n++] = 1e-3 * double(t[c][ph] - first);
+      if (t[c][kCtaStored] != 0) v[n++] = 1e-3 * double(static_cast<long long>(t[c][ph] - first));
     }
     print_spread(kernel, phases[ph], v, n);
   }
-  for (int ph = 1; ph < kCtaPhases; ++ph) {
-    int n = 0;
-    for (int c = 0; c < ctas; ++c) {
-      if (t[c][kCtaStored] != 0) v[n++] = 1e-3 * double(t[c][ph] - t[c][ph - 1]);
+  char span[64];
+  for (int from = 0, to = 1; to < kCtaPhases; ++to) {
+    if (!stamped[to]) continue;
+    if (stamped[from]) {
+      int n = 0;
+      for (int c = 0; c < ctas; ++c) {
+        if (t[c][kCtaStored] != 0) v[n++] = 1e-3 * double(static_cast<long long>(t[c][to] - t[c][from]));
+      }
+      // The device printf has no %s width, so the span's name is made here.
+      int k = 0;
+      for (const char* s = "span "; *s; ++s) span[k++] = *s;
+      for (const char* s = phases[from]; *s; ++s) span[k++] = *s;
+      for (const char* s = " to "; *s; ++s) span[k++] = *s;
+      for (const char* s = phases[to]; *s; ++s) span[k++] = *s;
+      span[k] = 0;
+      print_spread(kernel, span, v, n);
     }
-    print_spread(kernel, spans[ph - 1], v, n);
+    from = to;
   }
   for (int c = 0; c < ctas; ++c) {
     for (int ph = 0; ph < kCtaPhases; ++ph) t[c][ph] = 0;
@@ -71,17 +93,17 @@ static __global__ void print_cta_timeline(int ctas, int kernel_kind) {
 }
 #endif
 
-// Stamps phase `ph` of this CTA, from its thread 0 (every thread may call it: in a release build
-// the call is nothing at all, not even a test of the thread's index, so the kernel stays as it is).
-__device__ __forceinline__ void stamp_cta_phase(int ph) {
+// Stamps phase `ph` of this CTA, from its thread `thread` (every thread may call it: in a release
+// build the call is nothing at all, not even a test of the thread's index, so the kernel stays as it is).
+__device__ __forceinline__ void stamp_cta_phase(int ph, unsigned thread = 0) {
 #ifdef DDTREE_WAIT_CLOCKS
-  if (threadIdx.x == 0 && blockIdx.x < kTimelineCtas) {
+  if (threadIdx.x == thread && blockIdx.x < kTimelineCtas) {
     unsigned long long now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
     cta_stamps[blockIdx.x][ph] = now;
   }
 #else
-  (void)ph;
+  (void)ph, (void)thread;
 #endif
 }
 

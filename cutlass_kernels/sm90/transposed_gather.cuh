@@ -6,6 +6,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "async_copy.cuh"
+#include "cta_timeline.cuh"
 #include "transposed_clocks.cuh"
 #include "transposed_operands.cuh"
 #include "transposed_q.cuh"
@@ -48,6 +49,7 @@ __device__ __forceinline__ void transposed_gather(const TransposedGatherPlan& pl
     return at < plan.kv_end ? plan.slots[at] : -1;
   };
   if (lane < 16) issue_q_rows<N>(q_block, smem + T::kQRowsOffset, &bars.q_rows, key);
+  stamp_cta_phase(kCtaQIssued, T::kMmaThreads);  // the gather's first thread
   const TransposedClock clock = transposed_clock(st, 2, t == 0);
   auto wait_for_q = [&] {
     const unsigned since = clock.now();

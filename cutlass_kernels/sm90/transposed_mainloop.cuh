@@ -11,6 +11,7 @@
 #include "mask_policy.cuh"
 #include "numeric.cuh"
 #include "softmax.cuh"  // raise_row_max
+#include "cta_timeline.cuh"
 #include "transposed_clocks.cuh"
 #include "transposed_operands.cuh"
 #include "transposed_traits.cuh"
@@ -294,6 +295,7 @@ __device__ __forceinline__ void transposed_pair_loop(const TransposedKeys& keys,
     warpgroup_wait<0>();
     clock.add(kORetire, since);
     fence_o();
+    if (pair == 0) stamp_cta_phase(kCtaFirstPair);
   }
 }
 

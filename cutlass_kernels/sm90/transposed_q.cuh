@@ -6,6 +6,7 @@
 #include <cutlass/arch/barrier.h>
 
 #include "async_copy.cuh"
+#include "cta_timeline.cuh"
 #include "numeric.cuh"
 #include "transposed_operands.cuh"
 #include "transposed_traits.cuh"
@@ -83,6 +84,7 @@ __device__ __forceinline__ float stage_scaled_q(const TransposedQ<Element>& bloc
   const int unit = tid % kUnits, first_row = tid / kUnits;
   const int chunk = unit / 8, col = 8 * (unit % 8);
   cutlass::arch::ClusterBarrier::wait(q_rows, 0);
+  stamp_cta_phase(kCtaQLanded);
   uint4 units[kRowsPerThread];
   uint32_t pair_max = 0;  // magnitude_bits's maximum, two lanes of 16
 #pragma unroll

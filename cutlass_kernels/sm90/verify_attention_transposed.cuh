@@ -185,6 +185,7 @@ __global__ void __launch_bounds__(TransposedTraits<16>::kThreads, 1)
     cutlass::arch::ClusterBarrier::init(&bars.q_rows, kTransposedCopyThreads);
     cutlass::arch::fence_barrier_init();
   }
+  stamp_cta_phase(kCtaLaunch);
   wait_for_prior_grids();
   allow_dependent_grids();  // the combine may launch; it waits for this grid before reading
   stamp_cta_phase(kCtaEntry);
