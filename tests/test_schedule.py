@@ -56,8 +56,9 @@ def test_whole_tile_splits_round_up():
     ((64, 16, 32, 8194 * 32, 8), "transposed"),    # q_len 2: 32 rows
     ((8, 16, 8, 8193 * 8, 65), "transposed"),      # 126 keys a piece, but 16 rows
     ((128, 16, 32, 8196 * 32, 4), "transposed"),   # 64 rows, 2049 keys a piece
-    ((32, 16, 8, 8196 * 8, 16), "widened"),        # 64 rows, 512 keys a piece
-    ((8, 128, 8, 8193 * 8, 8), "widened"),         # 128 rows, 1024 keys a piece
+    ((32, 16, 8, 8196 * 8, 16), "transposed"),     # 64 rows, 512 keys a piece
+    ((8, 128, 8, 8193 * 8, 8), "transposed"),      # 128 rows, 1024 keys a piece
+    ((128, 16, 32, 1028 * 32, 4), "widened"),      # 64 rows, 257 keys a piece
     ((32, 128, 8, 8196 * 8, 2), "transposed"),     # 512 rows, 4098 keys a piece
 ])
 def test_fp8_kernel_for_shapes_follows_the_measured_crossover(shape, kernel):

@@ -72,12 +72,12 @@ class Piece:
 # The e4m3 kernel `auto` takes (fp8_kernel): the transposed one where a request's row block has at
 # most TRANSPOSED_MAX_ROWS rows (its GEMMs' N <= 32), or where a piece has at least
 # TRANSPOSED_MIN_PIECE_KEYS keys (at N = 64 its fixed cost a piece is higher than the widened
-# kernel's). Measured on an H100 (kernel log, twenty-fourth and twenty-fifth sessions): FP8 / bf16
-# step 0.69-0.90 against 1.10-1.20 at <= 32 rows; at 64 rows or more 1.07-1.09 and 1.43 against
-# 1.11-1.12 and 1.73 with >= 2048 keys a piece, 1.35 against 1.34 with 1024, 1.30 against 1.13
-# with 512.
+# kernel's). Measured on an H100 (kernel log, thirty-first session, after q's rows were
+# bulk-copied ahead of the tiles), FP8 / bf16 step, transposed against widened: 0.67 against 1.14
+# at 16 rows; at 64 rows or more 1.18 against 1.71 with 4098 keys a piece, 1.085 against 1.134
+# with 512, 1.16 against 1.105 with 257.
 TRANSPOSED_MAX_ROWS = 32
-TRANSPOSED_MIN_PIECE_KEYS = 2048
+TRANSPOSED_MIN_PIECE_KEYS = 512
 
 
 def fp8_kernel_for_shapes(num_tokens: int, heads: int, batch: int, num_keys_bound: int, splits: int) -> str:
