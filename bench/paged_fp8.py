@@ -69,6 +69,47 @@ def step_launches(case, variant: str, backend: str = "auto", seed: int = 0):
 VARIANTS = ("slot", "paged", "slot_fp8", "paged_fp8")
 
 
+def layer_launches(case, fp8: bool, backend: str = "auto", layers: int | None = None, device: str = "cuda") -> list:
+    """A model forward's launches per input set over the slot layout (bf16 or e4m3 cache), as
+    bench/verify.py's forward_launches: the first prepares the set's step (prepare_tree_verify) and
+    runs layer 0, each later one runs one layer (mla_tree_verify_prepared) with the q and cache of
+    set (i + layer) % sets, so that a launch's time is a layer's and layers share no keys in L2."""
+    import ddtree_op
+    from bench.verify import MODEL_LAYERS, input_set_count
+    from ddtree_op.synthetic import make_verify_batch
+
+    layers = layers or MODEL_LAYERS
+    sets = []
+    for seed in range(input_set_count(case)):
+        vb = make_verify_batch(list(case.prefix_lens), list(case.draft_lens), case.heads, device=device, seed=seed,
+                               chain=case.chain, kv_cache_3d=True)
+        cache, scale = fp8_slot_inputs(vb) if fp8 else (vb.kv_cache, None)
+        out = torch.empty(vb.q.shape[0], case.heads, 512, dtype=vb.q.dtype, device=device)
+        lse = torch.empty(vb.q.shape[0], case.heads, device=device)
+        sets.append((vb, cache, scale, out, lse))
+    max_draft = max(case.draft_lens)
+
+    def attend(own, prepared):
+        vb, cache, scale, out, lse = own
+        ddtree_op.mla_tree_verify_prepared(vb.q, cache, prepared, sm_scale=vb.sm_scale, out=out, lse=lse, backend=backend,
+                                           kv_scale=scale)
+
+    launches = []
+    for i, first in enumerate(sets):
+        step = {}
+
+        def prepare_and_attend(first=first, step=step):
+            kwargs = first[0].kwargs()
+            del kwargs["sm_scale"]
+            step["prepared"] = ddtree_op.prepare_tree_verify(first[0].q, first[1], **kwargs, max_draft_len=max_draft)
+            attend(first, step["prepared"])
+
+        launches.append(prepare_and_attend)
+        for layer in range(1, layers):
+            launches.append(lambda own=sets[(i + layer) % len(sets)], step=step: attend(own, step["prepared"]))
+    return launches
+
+
 def time_step(case, variant: str, backend: str = "auto") -> float:
     """Seconds a step of `variant` (step_launches) takes, over the case's rotating input sets."""
     from bench.verify import input_set_count, time_graph
@@ -111,6 +152,9 @@ def main(argv=None) -> None:
     from bench.cases import all_cases, case_named
 
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--per-layer":
+        per_layer_main(argv[1:])
+        return
     cases = [case_named(name) for name in argv[0].split(",")] if argv else all_cases()
     backend = argv[1] if len(argv) > 1 else "auto"
     kernels = argv[2].split(",") if len(argv) > 2 else ["auto"]
@@ -122,6 +166,26 @@ def main(argv=None) -> None:
                            for k in kernels)
         print(f"{case.name:28s} " + " ".join(f"{times[c] * 1e6:18.1f}us" for c in columns) + f"   {ratios}", flush=True)
 
+
+def per_layer_main(argv) -> None:
+    """`python -m bench.paged_fp8 --per-layer CASE,... [BACKEND] [KERNEL,...]`: a model forward's
+    time per layer (layer_launches: one preparation, then MODEL_LAYERS layers) with the bf16 cache
+    and with the e4m3 cache under each sm90 FP8 kernel, one after another in one process."""
+    from bench.cases import case_named
+    from bench.verify import time_graph
+
+    cases = [case_named(name) for name in argv[0].split(",")]
+    backend = argv[1] if len(argv) > 1 else "auto"
+    kernels = argv[2].split(",") if len(argv) > 2 else ["auto"]
+    print(f"{'case':28s} {'bf16/layer':>12s} " + " ".join(f"{'fp8/' + k:>14s}" for k in kernels) + "   fp8/bf16 per kernel")
+    for case in cases:
+        bf16 = time_graph(layer_launches(case, False, backend))
+        fp8 = {}
+        for kernel in kernels:
+            with sm90_fp8_kernel(kernel):  # read when the graph is captured
+                fp8[kernel] = time_graph(layer_launches(case, True, backend))
+        print(f"{case.name:28s} {bf16 * 1e6:10.1f}us " + " ".join(f"{fp8[k] * 1e6:12.1f}us" for k in kernels)
+              + "   " + "  ".join(f"{k}: {fp8[k] / bf16:.3f}" for k in kernels), flush=True)
 
 if __name__ == "__main__":
     main()
