@@ -104,13 +104,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="a macro for every source (a variant's switch, say)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=None, help="write ptxas's whole output here")
+    parser.add_argument("--objects", default=None, help="keep the objects in this folder (for cuobjdump -sass)")
     args = parser.parse_args(argv)
 
     flags = cuda_build_flags(ARCH)["nvcc"] + [f"-D{define}" for define in args.define]
     with tempfile.TemporaryDirectory() as tmp:
         jobs = compile_jobs(args.library, args.only, Path(tmp) / "stub")
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            texts = list(pool.map(lambda job: compile_report(job[0], flags + job[1], job[2], Path(tmp)), jobs))
+            out_dir = Path(args.objects) if args.objects else Path(tmp)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            texts = list(pool.map(lambda job: compile_report(job[0], flags + job[1], job[2], out_dir), jobs))
 
     root = kernel_source_dir()
     failed = 0
