@@ -2,7 +2,8 @@
 reachable from each `setmaxnreg` (USETMAXREG.TRY_ALLOC: the GEMM warpgroups; .DEALLOC: the
 gather) by the control flow, the highest register it touches (it must stay below the
 setmaxnreg value: ptxas does not report a role that exceeds it) and its local-memory spills
-(STL/LDL):
+(STL/LDL); and for a GEMM role how far its first HGMMA is from its setmaxnreg (the code it
+runs once, cold, at every CTA's start):
 
   python -m bench.sass_regions OBJECT_OR_SASS [--cuobjdump PATH]
 
@@ -119,8 +120,12 @@ def report(code: list[tuple[int, str]]) -> list[str]:
         spills = sum(1 for j in region if re.search(r"\b(STL|LDL)\b", code[j][1]))
         cap = int(limit.group(1), 16) if limit else None
         verdict = "" if cap is None else (" OK" if highest < cap else f" ABOVE setmaxnreg {cap}")
+        # The code a GEMM role runs once, cold, before its first GEMM: fetched from L2 at every CTA's
+        # start (the span in address order, branches over rare paths included).
+        first_gemm = next((j for j in range(i, len(code)) if "HGMMA" in code[j][1]), None)
+        prologue = f", first HGMMA {first_gemm - i} instructions in" if role.startswith("GEMM") and first_gemm is not None else ""
         lines.append(f"  {role:17} setmaxnreg {cap}: {len(region)} instructions, up to R{highest}{verdict}, "
-                     f"{spills} spill instructions" + (" (indirect branches: incomplete)" if indirect else ""))
+                     f"{spills} spill instructions{prologue}" + (" (indirect branches: incomplete)" if indirect else ""))
     return lines
 
 

@@ -1,5 +1,6 @@
 """bench/sass_regions.py on a hand-written SASS listing: each setmaxnreg role's reachable code,
-its highest register (wide operands and HGMMA accumulators included) and its spills."""
+its highest register (wide operands and HGMMA accumulators included), its spills, and a GEMM
+role's distance to its first HGMMA."""
 
 from bench import sass_regions
 
@@ -33,6 +34,7 @@ def test_each_role_gets_its_reachable_code_registers_and_spills():
     gemm, gather = sass_regions.report(code)
     # GEMM: the HGMMA's 32 accumulator registers from R152 reach R183, LDS.128 at R200 reaches R203
     assert "setmaxnreg 232: 4 instructions, up to R203 OK, 0 spill" in gemm
+    assert gemm.endswith("first HGMMA 1 instructions in")  # the once-a-CTA code before the first GEMM
     # gather: its branch target is reachable; LDL.64 at R40 touches R41, above the 40 allowed
     assert "setmaxnreg 40: 6 instructions, up to R41 ABOVE setmaxnreg 40, 2 spill" in gather
 
