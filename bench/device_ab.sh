@@ -16,8 +16,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 source bench/device_common.sh
 [ $# -ge 1 ] || { echo "usage: device_ab.sh TREE... (under .snap/)"; exit 2; }
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1
+start_device_run || exit 1
 for tree in "$@"; do
   in_snap_tree "$tree" timeout "${BUILD_TIMEOUT:-300}" python3 "$root/bench/build_libraries.py" > "/tmp/build_$tree.log" 2>&1 &
   [ "${WAIT_CLOCKS:-0}" = 1 ] && in_clock_tree "$tree" timeout "${BUILD_TIMEOUT:-300}" python3 "$root/bench/build_libraries.py" > "/tmp/build_${tree}_wc.log" 2>&1 &

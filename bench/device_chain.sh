@@ -11,8 +11,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD R=/tmp/chain; mkdir -p $R
 source bench/device_common.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
-export PYTHONUNBUFFERED=1 DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
+start_device_run || exit 1
+export DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
 (PYTHONPATH=/tmp/site:$root DDTREE_CACHE_DIR=/tmp/ddc timeout 240 python3 "$root/bench/build_libraries.py" > $R/build.log 2>&1) &
 for tree in "$@"; do in_snap_tree "$tree" timeout 240 python3 "$root/bench/build_libraries.py" > "$R/build_$tree.log" 2>&1 & done
 wait

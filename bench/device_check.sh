@@ -19,8 +19,9 @@
 # Writes logs under $OUT (at most 8 files come back).
 set -uo pipefail
 stage=${1:?stage: change2 | iterate2 | finish2 | close | final | validate | iterate | first | sm90 | tests | sanitize | bench}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1
+source bench/device_common.sh
+start_device_run || exit 1
+export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc
 commit=${DDTREE_COMMIT:-unknown}
 if [ "$stage" = finish2 ] || [ "$stage" = change2 ]; then nvidia-smi -L; else nvidia-smi -L > "$OUT/env.log" 2>&1; fi  # finish2 needs all 8 files
 

@@ -17,8 +17,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 source bench/device_common.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 DDTREE_NVCC_EXTRA="${CLOCK_FLAGS:--DDDTREE_WAIT_CLOCKS -DDDTREE_PLAN_CLOCKS}"
+start_device_run || exit 1
+export DDTREE_NVCC_EXTRA="${CLOCK_FLAGS:--DDDTREE_WAIT_CLOCKS -DDDTREE_PLAN_CLOCKS}"
 for tree in "$@"; do
   in_snap_tree "$tree" timeout "${BUILD_TIMEOUT:-400}" python3 "$root/bench/build_libraries.py" \
     > "$OUT/clocks_build_$tree.log" 2>&1 &

@@ -1,4 +1,4 @@
-# Shared by the device A/B scripts (sourced, not run).
+# Shared by the device scripts (sourced, not run).
 
 # Appends variant TREE's test log (/tmp/tests_TREE.log: pytest's, or bench/parallel_tests.py's) to
 # $OUT/tests.log; succeeds if its tests passed, else says that the variant is not timed.
@@ -32,4 +32,14 @@ print_wait_clocks() {  # TREE SECONDS SHAPE PROFILE_ARGS...
   local tree=$1 seconds=$2 shape=$3; shift 3
   in_clock_tree "$tree" timeout "$seconds" python3 -m bench.profile_case "$shape" "$@" --iters 1 2>&1 \
     | grep -E "^(wait_clocks|trace) cta0"
+}
+
+# A device script's start, from the repository root: the wheels carried in .whl (the CUTLASS
+# headers; sgl-flash-mla, the yardstick) into /tmp/site, which in_snap_tree puts on PYTHONPATH, and
+# Python's output unbuffered (a script cut by its time limit keeps what it printed). Says so and
+# fails where pip fails.
+start_device_run() {
+  export PYTHONUNBUFFERED=1
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 ||
+    { echo "the carried wheels (.whl/) did not install into /tmp/site" >&2; return 1; }
 }

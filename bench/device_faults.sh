@@ -9,8 +9,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 R=/tmp/faults; mkdir -p $R
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
-export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1
+source bench/device_common.sh
+start_device_run || exit 1
+export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc
 timeout 200 python3 "$root/bench/build_libraries.py" 2>&1 | tail -n 1
 cases=${CASES:-H16_n4_B8_P1024,H16_n4_B8_P8192,H16_n4_B32_P1024,H16_n4_B32_P8192}
 for pdl in 1 0; do

@@ -9,8 +9,9 @@
 # Writes under $OUT: build.log, tests.log (and test_logs/), sanitizers.log, steps.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 DDTREE_CACHE_DIR=/tmp/ddc_fp8
+source bench/device_common.sh
+start_device_run || exit 1
+export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc_fp8
 timeout "${BUILD_TIMEOUT:-400}" python3 bench/build_libraries.py > "$OUT/build.log" 2>&1 || { tail -n 40 "$OUT/build.log"; exit 1; }
 echo "built at $SECONDS s"
 timeout $(( ${TEST_S:-240} + 40 )) python3 -m bench.parallel_tests --processes "${PROCESSES:-8}" --timeout "${TEST_S:-240}" \

@@ -16,8 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 source bench/device_common.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1
+start_device_run || exit 1
 clock_trees=${CLOCK_TREES:-$1}
 for tree in "$@"; do
   in_snap_tree "$tree" timeout "${BUILD_TIMEOUT:-400}" python3 "$root/bench/build_libraries.py" > "/tmp/build_$tree.log" 2>&1 &

@@ -16,8 +16,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD R=${OUT:-/tmp}/landing cache=${DDTREE_CACHE_DIR:-/tmp/ddc}; mkdir -p $R
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
-export PYTHONUNBUFFERED=1 DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
+source bench/device_common.sh
+start_device_run || exit 1
+export DDTREE_COMMIT=${DDTREE_COMMIT:-unknown}
 (PYTHONPATH=/tmp/site:$root DDTREE_CACHE_DIR=$cache timeout 200 python3 "$root/bench/build_libraries.py" > $R/build.log 2>&1) &
 if [ -d .snap/old ]; then
   [ -f .snap/old/bench/time_prepare.py ] || cp bench/time_prepare.py .snap/old/bench/

@@ -12,8 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 source bench/device_common.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1 || exit 1
-export PYTHONUNBUFFERED=1
+start_device_run || exit 1
 tree_dir() { [ "$1" = main ] && echo "$root" || echo "$root/.snap/$1"; }
 in_tree() {  # TREE COMMAND...: the command in that tree with its own build cache
   local tree=$1; shift

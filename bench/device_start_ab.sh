@@ -17,8 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 source bench/device_common.sh
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl > /dev/null 2>&1 || exit 1
-export PYTHONUNBUFFERED=1
+start_device_run || exit 1
 variant=${VARIANT:-both} clock_variant=${CLOCK_VARIANT:-rolled} limit=${LIMIT_S:-560}
 cases=${FP8_CASES:-H16_n1_B32_P8192,H16_n2_B32_P8192,H16_n4_B8_P8192}
 time_left() { [ $((limit - SECONDS)) -gt "$1" ]; }  # more than $1 s left

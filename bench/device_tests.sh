@@ -12,8 +12,9 @@ ids_file=${1:+$(realpath "$1")}
 cd "$(dirname "$0")/.."
 root=$PWD
 limit=${LIMIT:-590}
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc PYTHONUNBUFFERED=1
+source bench/device_common.sh
+start_device_run || exit 1
+export PYTHONPATH=/tmp/site:$PWD DDTREE_CACHE_DIR=/tmp/ddc
 timeout "${BUILD_TIMEOUT:-200}" python3 "$root/bench/build_libraries.py" \
   > /tmp/build.log 2>&1 || { grep -v DEBUG /tmp/build.log | tail -n 5; echo "build failed"; exit 1; }
 grep -v DEBUG /tmp/build.log | tail -n 2
