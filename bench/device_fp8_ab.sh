@@ -2,9 +2,10 @@
 # FP8 gather variants A/B in one device call: trees under .snap/ (bench/snapshot_trees.sh), built
 # in parallel; the FP8 sm90 tests (${FP8_TESTS}) of the trees in ${TEST_TREES} (default: the first),
 # side by side; then, per tree one after another,
-# the whole step with the bf16 cache and with the FP8 cache (bench/paged_fp8.py's slot layouts,
-# backend sm90; cases: bench.cases.case_named) on ${FP8_CASES}, as the ratio fp8 / bf16 within each tree; with TRITON_TOO=1 the
-# first tree's Triton kernel on the FP8 cache too (the backend `auto` chose for FP8 before).
+# the whole step with the bf16 cache and with the FP8 cache (`python -m bench.paged_fp8 --steps`, which
+# a tree has from the thirty-first session on: slot layout, backend sm90; cases: bench.cases.case_named)
+# on ${FP8_CASES}, as the ratio fp8 / bf16 within each tree; with TRITON_TOO=1 the first tree's Triton
+# kernel on the FP8 cache too (the backend `auto` chose for FP8 before).
 # TEST_TREES= (set, empty) runs no tests. WAIT_CLOCKS=1 builds the trees in ${CLOCK_TREES} (default:
 # the first) with -DDDTREE_WAIT_CLOCKS too and, after the steps, prints their wait clocks and
 # pair timeline (wait_clocks.cuh) on ${CLOCK_CASES} with the FP8 cache.
@@ -39,18 +40,9 @@ echo "tested at $SECONDS s"
 cases=${FP8_CASES:-H16_n4_B8_P8192,H16_n4_B32_P8192,dsv3_H16_chain4_B64_P4k,H16_n16_B32_P8192,H128_n64_B8_P8192}
 for tree in "$@"; do
   echo "== $tree"
-  in_snap_tree "$tree" timeout "${GRID_S:-150}" python3 - "$cases" "$([ "$tree" = "$1" ] && echo "${TRITON_TOO:-0}")" <<'PY' 2>&1 | grep -v DEBUG | tee "$OUT/steps_$tree.txt"
-import sys
-from bench.cases import case_named
-from bench.paged_fp8 import time_step
-for case in map(case_named, sys.argv[1].split(",")):
-    t = {v: time_step(case, v, "sm90") for v in ("slot", "slot_fp8")}
-    line = f"{case.name:28s} bf16 {t['slot'] * 1e6:8.1f}us  fp8 {t['slot_fp8'] * 1e6:8.1f}us  fp8/bf16 {t['slot_fp8'] / t['slot']:.3f}"
-    if sys.argv[2] == "1":
-        triton = time_step(case, "slot_fp8", "triton")
-        line += f"  triton fp8 {triton * 1e6:8.1f}us ({triton / t['slot']:.3f} of sm90 bf16)"
-    print(line, flush=True)
-PY
+  triton=$([ "$tree" = "$1" ] && [ "${TRITON_TOO:-0}" = 1 ] && echo --triton)
+  in_snap_tree "$tree" timeout "${GRID_S:-150}" python3 -m bench.paged_fp8 "$cases" sm90 --steps $triton 2>&1 \
+    | grep -v DEBUG | tee "$OUT/steps_$tree.txt"
 done
 if [ "${WAIT_CLOCKS:-0}" = 1 ]; then
   for tree in $clock_trees; do

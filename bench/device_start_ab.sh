@@ -5,8 +5,8 @@
 # release builds of both and clock builds (-DDDTREE_WAIT_CLOCKS) of main and ${CLOCK_VARIANT:-rolled},
 # all in parallel; then
 #  1. the variant's transposed FP8 tests (12 processes; where one fails, the variant is not timed);
-#  2. the FP8 and bf16 steps of main and the variant, transposed kernel forced (bench/device_fp8_ab.sh's
-#     table, one tree after the other) on ${FP8_CASES};
+#  2. the FP8 and bf16 steps of main and the variant, transposed kernel forced (bench.paged_fp8 --steps,
+#     one tree after the other) on ${FP8_CASES};
 #  3. the per-CTA timeline of main and the clock variant on ${WAIT_CASES} (auto splits, two launches);
 #  4. FP8 against bf16 per layer of a forward on the variant (bench.paged_fp8 --per-layer).
 #   bash bench/snapshot_trees.sh main=HEAD rolled=HEAD+bench/variants/rolled.diff \
@@ -39,16 +39,8 @@ echo "tested at $SECONDS s"
 
 for tree in "${timed[@]}"; do
   time_left 60 || break
-  in_snap_tree "$tree" env DDTREE_SM90_FP8_KERNEL=transposed timeout 150 python3 - "$cases" <<'PY' 2>&1 \
-    | grep -v DEBUG > "$OUT/steps_$tree.txt"
-import sys
-from bench.cases import case_named
-from bench.paged_fp8 import time_step
-for case in map(case_named, sys.argv[1].split(",")):
-    t = {v: time_step(case, v, "sm90") for v in ("slot", "slot_fp8")}
-    print(f"{case.name:28s} bf16 {t['slot'] * 1e6:8.1f}us  fp8 {t['slot_fp8'] * 1e6:8.1f}us  "
-          f"fp8/bf16 {t['slot_fp8'] / t['slot']:.3f}", flush=True)
-PY
+  in_snap_tree "$tree" env DDTREE_SM90_FP8_KERNEL=transposed timeout 150 python3 -m bench.paged_fp8 "$cases" sm90 \
+    --steps 2>&1 | grep -v DEBUG > "$OUT/steps_$tree.txt"
   echo "== $tree"; cat "$OUT/steps_$tree.txt"
 done
 echo "steps at $SECONDS s"

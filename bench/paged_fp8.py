@@ -1,7 +1,8 @@
 """Paged and FP8 inputs for a bench case (the bench scripts wire them in beside the slot-list
 inputs): the same step as `Case` describes, in FlashMLA's paged layout and/or with an FP8 e4m3
 cache, plus the byte count the FP8 floor is measured against. `python -m bench.paged_fp8
-[CASE,...] [BACKEND]` times the whole step in the four variants on a GPU."""
+[CASE,...] [BACKEND]` times the whole step in the four variants on a GPU (main's docstring: the
+other tables)."""
 
 from __future__ import annotations
 
@@ -69,45 +70,23 @@ def step_launches(case, variant: str, backend: str = "auto", seed: int = 0):
 VARIANTS = ("slot", "paged", "slot_fp8", "paged_fp8")
 
 
-def layer_launches(case, fp8: bool, backend: str = "auto", layers: int | None = None, device: str = "cuda") -> list:
-    """A model forward's launches per input set over the slot layout (bf16 or e4m3 cache), as
-    bench/verify.py's forward_launches: the first prepares the set's step (prepare_tree_verify) and
-    runs layer 0, each later one runs one layer (mla_tree_verify_prepared) with the q and cache of
-    set (i + layer) % sets, so that a launch's time is a layer's and layers share no keys in L2."""
-    import ddtree_op
-    from bench.verify import MODEL_LAYERS, input_set_count
-    from ddtree_op.synthetic import make_verify_batch
+def fp8_layer_inputs(case, seed: int):
+    """bench/verify.py's input set of `case` with its cache in e4m3 and the kv_scale tensor, which
+    its layers (Inputs.attend_over) pass on."""
+    from bench.verify import Inputs
 
-    layers = layers or MODEL_LAYERS
-    sets = []
-    for seed in range(input_set_count(case)):
-        vb = make_verify_batch(list(case.prefix_lens), list(case.draft_lens), case.heads, device=device, seed=seed,
-                               chain=case.chain, kv_cache_3d=True)
-        cache, scale = fp8_slot_inputs(vb) if fp8 else (vb.kv_cache, None)
-        out = torch.empty(vb.q.shape[0], case.heads, 512, dtype=vb.q.dtype, device=device)
-        lse = torch.empty(vb.q.shape[0], case.heads, device=device)
-        sets.append((vb, cache, scale, out, lse))
-    max_draft = max(case.draft_lens)
+    inputs = Inputs(case, seed)
+    inputs.vb.kv_cache, inputs.kv_scale = fp8_slot_inputs(inputs.vb)
+    return inputs
 
-    def attend(own, prepared):
-        vb, cache, scale, out, lse = own
-        ddtree_op.mla_tree_verify_prepared(vb.q, cache, prepared, sm_scale=vb.sm_scale, out=out, lse=lse, backend=backend,
-                                           kv_scale=scale)
 
-    launches = []
-    for i, first in enumerate(sets):
-        step = {}
+def layer_launches(case, fp8: bool, backend: str = "auto") -> list:
+    """A model forward's launches per input set (bench/verify.py's forward_launches: one preparation,
+    then a layer a launch) with the bf16 cache or the e4m3 one."""
+    from bench.verify import Inputs, forward_launches, input_set_count
 
-        def prepare_and_attend(first=first, step=step):
-            kwargs = first[0].kwargs()
-            del kwargs["sm_scale"]
-            step["prepared"] = ddtree_op.prepare_tree_verify(first[0].q, first[1], **kwargs, max_draft_len=max_draft)
-            attend(first, step["prepared"])
-
-        launches.append(prepare_and_attend)
-        for layer in range(1, layers):
-            launches.append(lambda own=sets[(i + layer) % len(sets)], step=step: attend(own, step["prepared"]))
-    return launches
+    make = fp8_layer_inputs if fp8 else Inputs
+    return forward_launches([make(case, seed) for seed in range(input_set_count(case))], backend)
 
 
 def time_step(case, variant: str, backend: str = "auto") -> float:
@@ -142,22 +121,8 @@ def timed_variants(case, backend: str, fp8_kernels: list[str]) -> dict[str, floa
     return times
 
 
-def main(argv=None) -> None:
-    """Times the whole verify step per case in the four variants (CUDA-graph replays over
-    rotating input sets, as bench/verify.py), the FP8 ones with each sm90 FP8 kernel:
-    `python -m bench.paged_fp8 [CASE,CASE,...] [BACKEND] [KERNEL,KERNEL,...]` (cases:
-    bench.cases.case_named; kernels: "auto", "transposed", "widened"; default "auto")."""
-    import sys
-
-    from bench.cases import all_cases, case_named
-
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--per-layer":
-        per_layer_main(argv[1:])
-        return
-    cases = [case_named(name) for name in argv[0].split(",")] if argv else all_cases()
-    backend = argv[1] if len(argv) > 1 else "auto"
-    kernels = argv[2].split(",") if len(argv) > 2 else ["auto"]
+def print_variants(cases, backend: str, kernels: list[str]) -> None:
+    """The whole step per case in the four variants, the FP8 ones with each sm90 FP8 kernel."""
     columns = list(VARIANTS[:2]) + [f"{v}/{k}" for k in kernels for v in VARIANTS[2:]]
     print(f"{'case':28s} " + " ".join(f"{c:>20s}" for c in columns) + "   fp8/bf16 (slot, paged) per kernel")
     for case in cases:
@@ -167,16 +132,24 @@ def main(argv=None) -> None:
         print(f"{case.name:28s} " + " ".join(f"{times[c] * 1e6:18.1f}us" for c in columns) + f"   {ratios}", flush=True)
 
 
-def per_layer_main(argv) -> None:
-    """`python -m bench.paged_fp8 --per-layer CASE,... [BACKEND] [KERNEL,...]`: a model forward's
-    time per layer (layer_launches: one preparation, then MODEL_LAYERS layers) with the bf16 cache
-    and with the e4m3 cache under each sm90 FP8 kernel, one after another in one process."""
-    from bench.cases import case_named
+def print_steps(cases, backend: str, triton_too: bool) -> None:
+    """The whole step per case with the bf16 and the e4m3 cache (slot layout; the sm90 FP8 kernel as
+    DDTREE_SM90_FP8_KERNEL says), and with triton_too the Triton kernel's FP8 step beside them."""
+    for case in cases:
+        t = {v: time_step(case, v, backend) for v in ("slot", "slot_fp8")}
+        line = (f"{case.name:28s} bf16 {t['slot'] * 1e6:8.1f}us  fp8 {t['slot_fp8'] * 1e6:8.1f}us  "
+                f"fp8/bf16 {t['slot_fp8'] / t['slot']:.3f}")
+        if triton_too:
+            triton = time_step(case, "slot_fp8", "triton")
+            line += f"  triton fp8 {triton * 1e6:8.1f}us ({triton / t['slot']:.3f} of sm90 bf16)"
+        print(line, flush=True)
+
+
+def print_per_layer(cases, backend: str, kernels: list[str]) -> None:
+    """A model forward's time per layer (layer_launches) with the bf16 cache and with the e4m3 cache
+    under each sm90 FP8 kernel, one after another in one process."""
     from bench.verify import time_graph
 
-    cases = [case_named(name) for name in argv[0].split(",")]
-    backend = argv[1] if len(argv) > 1 else "auto"
-    kernels = argv[2].split(",") if len(argv) > 2 else ["auto"]
     print(f"{'case':28s} {'bf16/layer':>12s} " + " ".join(f"{'fp8/' + k:>14s}" for k in kernels) + "   fp8/bf16 per kernel")
     for case in cases:
         bf16 = time_graph(layer_launches(case, False, backend))
@@ -186,6 +159,36 @@ def per_layer_main(argv) -> None:
                 fp8[kernel] = time_graph(layer_launches(case, True, backend))
         print(f"{case.name:28s} {bf16 * 1e6:10.1f}us " + " ".join(f"{fp8[k] * 1e6:12.1f}us" for k in kernels)
               + "   " + "  ".join(f"{k}: {fp8[k] / bf16:.3f}" for k in kernels), flush=True)
+
+
+def main(argv=None) -> None:
+    """Times the whole verify step (CUDA-graph replays over rotating input sets, as bench/verify.py)
+    on a GPU. `python -m bench.paged_fp8 [CASE,CASE,...] [BACKEND] [KERNEL,KERNEL,...]` (cases:
+    bench.cases.case_named; kernels: "auto", "transposed", "widened"; default "auto"): per case the
+    four variants, the FP8 ones with each sm90 FP8 kernel. `--steps`: the slot layout's bf16 and
+    FP8 steps only (`--triton` adds Triton's FP8 step). `--per-layer`: a forward's time per layer."""
+    import argparse
+
+    from bench.cases import all_cases, case_named
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("cases", nargs="?", default=None, help="comma-separated case names (default: all)")
+    parser.add_argument("backend", nargs="?", default="auto")
+    parser.add_argument("kernels", nargs="?", default="auto", help="comma-separated sm90 FP8 kernels")
+    table = parser.add_mutually_exclusive_group()
+    table.add_argument("--steps", action="store_true")
+    table.add_argument("--per-layer", action="store_true")
+    parser.add_argument("--triton", action="store_true", help="with --steps: Triton's FP8 step too")
+    args = parser.parse_args(argv)
+    cases = [case_named(name) for name in args.cases.split(",")] if args.cases else all_cases()
+    kernels = args.kernels.split(",")
+    if args.steps:
+        print_steps(cases, args.backend, args.triton)
+    elif args.per_layer:
+        print_per_layer(cases, args.backend, kernels)
+    else:
+        print_variants(cases, args.backend, kernels)
+
 
 if __name__ == "__main__":
     main()

@@ -151,6 +151,7 @@ class Inputs:
         self.prepared = self.prepare_step()
         self.out = torch.empty(self.rows, case.heads, 512, device="cuda", dtype=vb.q.dtype)
         self.lse = torch.empty(self.rows, case.heads, device="cuda")
+        self.kv_scale = None  # an e4m3 cache's (bench.paged_fp8.fp8_layer_inputs), passed by attend_over
 
     def attention(self, backend: str, **triton_config):
         vb = self.vb
@@ -172,7 +173,7 @@ class Inputs:
         """One layer's attention, with this set's q and KV pool, over a prepared step."""
         vb = self.vb
         return mla_tree_verify_prepared(vb.q, vb.kv_cache, prepared, sm_scale=vb.sm_scale, out=self.out, lse=self.lse,
-                                        backend=backend)
+                                        backend=backend, kv_scale=self.kv_scale)
 
     def whole_step(self, backend: str):
         vb = self.vb
