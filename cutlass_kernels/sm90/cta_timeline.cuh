@@ -29,8 +29,9 @@ constexpr int kTimelineCtas = 1024;  // CTAs past these are not stamped
 static __device__ unsigned long long cta_stamps[kTimelineCtas][kCtaPhases];
 static __device__ double cta_timeline_values[kTimelineCtas];  // the printer's scratch
 
-// Min, median and max of n values, sorted in place (one thread; n <= kTimelineCtas).
-static __device__ void print_spread(const char* kernel, const char* what, double* v, int n) {
+// Min, median and max of n values, sorted in place (one thread; n <= kTimelineCtas), as phase
+// `what`, or as the span from phase `what` to phase `to` where `to` is given.
+static __device__ void print_spread(const char* kernel, const char* what, const char* to, double* v, int n) {
   for (int i = 1; i < n; ++i) {
     const double x = v[i];
     int j = i - 1;
@@ -38,8 +39,8 @@ static __device__ void print_spread(const char* kernel, const char* what, double
     v[j + 1] = x;
   }
   if (n > 0) {
-    printf("wait_clocks timeline %s %s: min %.2f, median %.2f, max %.2f us over %d CTAs\n", kernel, what, v[0],
-           v[n / 2], v[n - 1], n);
+    printf("wait_clocks timeline %s %s%s%s%s: min %.2f, median %.2f, max %.2f us over %d CTAs\n", kernel,
+           to ? "span " : "", what, to ? " to " : "", to ? to : "", v[0], v[n / 2], v[n - 1], n);
   }
 }
 
@@ -60,31 +61,20 @@ static __global__ void print_cta_timeline(int ctas, int kernel_kind) {
     if (t[c][kCtaEntry] < first) first = t[c][kCtaEntry];
     for (int ph = 0; ph < kCtaPhases; ++ph) stamped[ph] = stamped[ph] || t[c][ph] != 0;
   }
-  for (int ph = 0; ph < kCtaPhases; ++ph) {
-    if (!stamped[ph]) continue;
+  // Phase ph's spread over the CTAs, from phase `from`'s stamp (-1: from the earliest entry).
+  auto print_phase = [&](int from, int ph) {
     int n = 0;
     for (int c = 0; c < ctas; ++c) {
-      if (t[c][kCtaStored] != 0) v[n++] = 1e-3 * double(static_cast<long long>(t[c][ph] - first));
+      if (t[c][kCtaStored] != 0) v[n++] = 1e-3 * double(static_cast<long long>(t[c][ph] - (from < 0 ? first : t[c][from])));
     }
-    print_spread(kernel, phases[ph], v, n);
+    print_spread(kernel, phases[from < 0 ? ph : from], from < 0 ? nullptr : phases[ph], v, n);
+  };
+  for (int ph = 0; ph < kCtaPhases; ++ph) {
+    if (stamped[ph]) print_phase(-1, ph);
   }
-  char span[64];
-  for (int from = 0, to = 1; to < kCtaPhases; ++to) {
+  for (int from = -1, to = 0; to < kCtaPhases; ++to) {
     if (!stamped[to]) continue;
-    if (stamped[from]) {
-      int n = 0;
-      for (int c = 0; c < ctas; ++c) {
-        if (t[c][kCtaStored] != 0) v[n++] = 1e-3 * double(static_cast<long long>(t[c][to] - t[c][from]));
-      }
-      // The device printf has no %s width, so the span's name is made here.
-      int k = 0;
-      for (const char* s = "span "; *s; ++s) span[k++] = *s;
-      for (const char* s = phases[from]; *s; ++s) span[k++] = *s;
-      for (const char* s = " to "; *s; ++s) span[k++] = *s;
-      for (const char* s = phases[to]; *s; ++s) span[k++] = *s;
-      span[k] = 0;
-      print_spread(kernel, span, v, n);
-    }
+    if (from >= 0) print_phase(from, to);
     from = to;
   }
   for (int c = 0; c < ctas; ++c) {
