@@ -8,10 +8,10 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "cta_timeline.cuh"
 #include "mask_policy.cuh"
 #include "numeric.cuh"
 #include "softmax.cuh"  // raise_row_max
-#include "cta_timeline.cuh"
 #include "transposed_clocks.cuh"
 #include "transposed_operands.cuh"
 #include "transposed_traits.cuh"
