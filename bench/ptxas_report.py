@@ -110,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     flags = cuda_build_flags(ARCH)["nvcc"] + [f"-D{define}" for define in args.define]
     with tempfile.TemporaryDirectory() as tmp:
         jobs = compile_jobs(args.library, args.only, Path(tmp) / "stub")
+        out_dir = Path(args.objects) if args.objects else Path(tmp)
+        out_dir.mkdir(parents=True, exist_ok=True)
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            out_dir = Path(args.objects) if args.objects else Path(tmp)
-            out_dir.mkdir(parents=True, exist_ok=True)
             texts = list(pool.map(lambda job: compile_report(job[0], flags + job[1], job[2], out_dir), jobs))
 
     root = kernel_source_dir()
